@@ -1,0 +1,32 @@
+"""Protocol and scheduling constants, with their sane ranges. CLI flags override them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HEARTBEAT_INTERVAL_S = 1.0  # 0.1..5 is reasonable; tests use 0.2 to detect failure fast
+HEARTBEAT_LIVENESS = 3  # missed intervals before a peer is dead; 3..5 is reasonable
+RECONNECT_BACKOFF_MIN_S = 1.0  # worker reconnect backoff starts here ...
+RECONNECT_BACKOFF_MAX_S = 32.0  # ... and doubles up to here
+WORKER_CREDITS = 2  # 2 = one batch running, one prefetched; 1..8 is reasonable
+MAX_BATCH_TOKENS_CPU = 8192  # per batch on CPU; 2k..16k
+MAX_BATCH_TOKENS_GPU = 16384  # per batch on a GPU; 8k..64k (FlashInfer plan cost is per batch)
+MAX_BATCH_REQUESTS = 512  # sequences per batch; 32..2048
+MAX_QUEUED_TOKENS = 4_000_000  # per model before OVERLOADED; ~ a few seconds of GPU work
+BATCH_TIMEOUT_S = 60.0  # a batch not back by then marks its worker hung; 10..300
+MAX_ATTEMPTS = 3  # dispatches of one sequence before WORKER_FAILED; 2..5
+AGING_S = 1.0  # a batch-lane head older than this goes before interactive work; 0.2..10
+DEFAULT_REQUEST_TIMEOUT_S = 120.0  # client-side deadline when the caller gives none
+
+
+@dataclass
+class Liveness:
+    """Heartbeat timing shared by both ends of a link."""
+
+    interval_s: float = HEARTBEAT_INTERVAL_S
+    liveness: int = HEARTBEAT_LIVENESS
+
+    @property
+    def expiry_s(self) -> float:
+        """Silence after which the peer is considered dead."""
+        return self.interval_s * self.liveness

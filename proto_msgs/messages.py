@@ -1,0 +1,328 @@
+"""Every message between ingress, broker and worker, declared once.
+
+Direction is in the docstring of each class; the command byte is its identity on the wire.
+Ingress ↔ broker commands are 0x01–0x0F, broker ↔ worker 0x10–0x1F.
+
+Token ids travel as ``token_ids`` (int32, all sequences concatenated) plus ``offsets`` (int32,
+n+1 entries, ``offsets[0] == 0``, ``offsets[-1] == len(token_ids)``); sequence ``i`` is
+``token_ids[offsets[i]:offsets[i+1]]`` and holds at least one token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from proto_msgs import limits
+from proto_msgs.codec import Message, register
+from proto_msgs.errors import ErrorCode, ProtocolError
+
+# Output kinds a worker can produce; the dtype each travels as.
+OUTPUT_KINDS: dict[str, str] = {
+    "float32": "float32",
+    "float16": "float16",
+    "int8": "int8",  # symmetric per-vector absmax scaling to ±127
+    "binary": "uint8",  # sign bits, np.packbits order (first dimension = most significant bit)
+}
+
+
+class Lane:
+    """Priority lanes of the broker queue (plain ints on the wire)."""
+
+    INTERACTIVE = 0
+    BATCH = 1
+
+
+@dataclass
+class OutputOptions:
+    """What the worker does after pooling: Matryoshka prefix, L2 normalization, quantization."""
+
+    dims: int | None = None  # None = the model's full width
+    normalize: bool = True
+    kind: str = "float32"  # one of OUTPUT_KINDS
+
+    def check(self, where: str) -> None:
+        if self.kind not in OUTPUT_KINDS:
+            raise ProtocolError(f"{where}: unknown output kind {self.kind!r}")
+        if self.dims is not None and not 1 <= self.dims <= limits.MAX_DIMS:
+            raise ProtocolError(f"{where}: dims out of range")
+
+
+@dataclass
+class ModelInfo:
+    """A model as the catalog describes it: all an ingress needs to validate and tokenize."""
+
+    name: str
+    aliases: list[str]
+    dims: int
+    max_input_tokens: int
+    pooling: str  # "mean" | "cls" | "last"
+    normalize: bool  # the model's own default (sentence-transformers Normalize module)
+    tokenizer_digest: str  # sha256 hex of tokenizer.json; fetch it with TokenizerRequest
+    workers: int = 0  # workers serving it now (filled in by the broker)
+
+
+@dataclass
+class BrokerStats:
+    """Queue and pool state, carried on every Pong for health checks and metrics."""
+
+    queued_tokens: dict[str, int] = field(default_factory=dict)
+    queued_sequences: dict[str, int] = field(default_factory=dict)
+    workers: dict[str, int] = field(default_factory=dict)
+    inflight_batches: int = 0
+    dropped_frames: int = 0
+
+
+def _check_ragged(token_ids: np.ndarray, offsets: np.ndarray, where: str) -> None:
+    if token_ids.ndim != 1 or token_ids.dtype != np.int32:
+        raise ProtocolError(f"{where}: token_ids must be 1-D int32")
+    if offsets.ndim != 1 or offsets.dtype != np.int32 or len(offsets) < 2:
+        raise ProtocolError(f"{where}: offsets must be 1-D int32 with at least 2 entries")
+    if len(offsets) - 1 > limits.MAX_SEQUENCES or len(token_ids) > limits.MAX_TOKENS:
+        raise ProtocolError(f"{where}: too many sequences or tokens")
+    if offsets[0] != 0 or offsets[-1] != len(token_ids) or np.any(np.diff(offsets) < 1):
+        raise ProtocolError(f"{where}: offsets must start at 0, end at len(token_ids), rise")
+    if len(token_ids) and int(token_ids.min()) < 0:
+        raise ProtocolError(f"{where}: negative token id")
+
+
+# ---- ingress ↔ broker --------------------------------------------------------------------------
+
+
+@register
+@dataclass
+class SubmitRequest(Message):
+    """ingress → broker: embed ``n`` tokenized sequences; answered by RequestResult chunks
+    (any order, covering every index once) or one RequestError."""
+
+    COMMAND: ClassVar[int] = 0x01
+    cid: int  # correlation id, unique per ingress connection
+    model: str  # served name or alias
+    lane: int  # Lane.INTERACTIVE or Lane.BATCH
+    timeout_ms: int | None  # relative deadline; the broker turns it into its own clock
+    output: OutputOptions
+    token_ids: np.ndarray
+    offsets: np.ndarray
+
+    def validate(self) -> None:
+        _check_ragged(self.token_ids, self.offsets, "SubmitRequest")
+        self.output.check("SubmitRequest")
+        if self.lane not in (Lane.INTERACTIVE, Lane.BATCH):
+            raise ProtocolError("SubmitRequest: unknown lane")
+        if self.timeout_ms is not None and self.timeout_ms <= 0:
+            raise ProtocolError("SubmitRequest: timeout_ms must be positive")
+
+    @property
+    def n(self) -> int:
+        return len(self.offsets) - 1
+
+
+@register
+@dataclass
+class CancelRequest(Message):
+    """ingress → broker: drop what is still queued of ``cid``; no reply is sent."""
+
+    COMMAND: ClassVar[int] = 0x02
+    cid: int
+
+
+@register
+@dataclass
+class RequestResult(Message):
+    """broker → ingress: embeddings of some sequences of ``cid`` (rows follow ``indices``).
+    Duplicates can happen after a requeue; the ingress keeps the first of each index."""
+
+    COMMAND: ClassVar[int] = 0x03
+    cid: int
+    prompt_tokens: int  # tokens of the sequences in this chunk
+    indices: np.ndarray  # int32 [k], sequence indices within the request
+    embeddings: np.ndarray  # [k, d] of the dtype of the request's output kind
+
+    def validate(self) -> None:
+        if self.indices.ndim != 1 or self.embeddings.ndim != 2:
+            raise ProtocolError("RequestResult: bad shapes")
+        if len(self.indices) != len(self.embeddings):
+            raise ProtocolError("RequestResult: indices and rows disagree")
+
+
+@register
+@dataclass
+class RequestError(Message):
+    """broker → ingress: ``cid`` ended with an error; nothing more will come for it."""
+
+    COMMAND: ClassVar[int] = 0x04
+    cid: int
+    code: int  # ErrorCode
+    message: str
+    retry_after_ms: int | None = None
+
+    def validate(self) -> None:
+        if self.code not in ErrorCode._value2member_map_:
+            raise ProtocolError("RequestError: unknown error code", self.cid)
+
+
+@register
+@dataclass
+class CatalogRequest(Message):
+    """ingress → broker: which models are served now?"""
+
+    COMMAND: ClassVar[int] = 0x05
+    cid: int
+
+
+@register
+@dataclass
+class CatalogReply(Message):
+    """broker → ingress: the models workers announced (only those with a live worker)."""
+
+    COMMAND: ClassVar[int] = 0x06
+    cid: int
+    models: list[ModelInfo]
+
+
+@register
+@dataclass
+class TokenizerRequest(Message):
+    """ingress → broker: the tokenizer.json whose sha256 is ``digest``."""
+
+    COMMAND: ClassVar[int] = 0x07
+    cid: int
+    digest: str
+
+
+@register
+@dataclass
+class TokenizerReply(Message):
+    """broker → ingress: the tokenizer content (empty and ``found`` False when unknown)."""
+
+    COMMAND: ClassVar[int] = 0x08
+    cid: int
+    digest: str
+    found: bool
+    content: bytes
+
+
+@register
+@dataclass
+class Ping(Message):
+    """ingress → broker liveness probe; any reply proves the broker alive."""
+
+    COMMAND: ClassVar[int] = 0x09
+    cid: int
+
+
+@register
+@dataclass
+class Pong(Message):
+    """broker → ingress: answer to Ping with the broker's queue and pool state."""
+
+    COMMAND: ClassVar[int] = 0x0A
+    cid: int
+    stats: BrokerStats
+
+
+# ---- broker ↔ worker ---------------------------------------------------------------------------
+
+
+@register
+@dataclass
+class WorkerReady(Message):
+    """worker → broker: first message on every fresh connection; grants ``credits``."""
+
+    COMMAND: ClassVar[int] = 0x10
+    name: str  # human-readable worker name (host:gpu), for logs and metrics
+    model: ModelInfo
+    tokenizer_json: bytes  # so the broker can serve it to ingresses by digest
+    max_batch_tokens: int
+    max_batch_requests: int
+    credits: int  # batches it accepts at once (2 = one running, one prefetched)
+    heartbeat_ms: int
+    device: str
+
+    def validate(self) -> None:
+        if not 1 <= self.credits <= 64:
+            raise ProtocolError("WorkerReady: credits out of 1..64")
+        if self.max_batch_tokens < 1 or self.max_batch_requests < 1 or self.heartbeat_ms < 1:
+            raise ProtocolError("WorkerReady: budgets must be positive")
+
+
+@register
+@dataclass
+class BatchAssign(Message):
+    """broker → worker: one packed batch; uses one credit. Sequence ``i`` is post-processed
+    with ``outputs[output_index[i]]``; results come back grouped in that order."""
+
+    COMMAND: ClassVar[int] = 0x11
+    batch_id: int
+    model: str
+    timeout_ms: int  # the worker may drop the batch once this has passed
+    outputs: list[OutputOptions]
+    output_index: np.ndarray  # uint8 [n]
+    token_ids: np.ndarray
+    offsets: np.ndarray
+
+    def validate(self) -> None:
+        _check_ragged(self.token_ids, self.offsets, "BatchAssign")
+        if not 1 <= len(self.outputs) <= 255:
+            raise ProtocolError("BatchAssign: 1..255 output groups")
+        for opt in self.outputs:
+            opt.check("BatchAssign")
+        if self.output_index.dtype != np.uint8 or self.output_index.shape != (self.n,):
+            raise ProtocolError("BatchAssign: output_index must be uint8 [n]")
+        if self.n and int(self.output_index.max()) >= len(self.outputs):
+            raise ProtocolError("BatchAssign: output_index out of range")
+
+    @property
+    def n(self) -> int:
+        return len(self.offsets) - 1
+
+
+@register
+@dataclass
+class BatchResult(Message):
+    """worker → broker: ``embeddings[g]`` holds, in batch order, the rows of the sequences
+    whose output_index is ``g``; returns one credit."""
+
+    COMMAND: ClassVar[int] = 0x12
+    batch_id: int
+    compute_ms: float
+    embeddings: list[np.ndarray]
+
+    def validate(self) -> None:
+        if any(e.ndim != 2 for e in self.embeddings):
+            raise ProtocolError("BatchResult: embeddings must be 2-D")
+
+
+@register
+@dataclass
+class BatchError(Message):
+    """worker → broker: the batch failed; returns one credit. ``retryable`` work is requeued
+    (within the attempt cap); otherwise every request in it fails with ``code``."""
+
+    COMMAND: ClassVar[int] = 0x13
+    batch_id: int
+    code: int
+    message: str
+    retryable: bool
+
+
+@register
+@dataclass
+class Heartbeat(Message):
+    """both ways: liveness. From a worker, ``progress`` counts finished batches so a live socket
+    in front of a hung compute loop is caught; ``busy`` says a batch is running."""
+
+    COMMAND: ClassVar[int] = 0x14
+    progress: int
+    busy: bool
+
+
+@register
+@dataclass
+class Disconnect(Message):
+    """both ways: the sender is leaving (or telling the peer to go and READY again)."""
+
+    COMMAND: ClassVar[int] = 0x15
+    reason: str
