@@ -58,6 +58,7 @@ class ModelInfo:
     aliases: list[str]
     dims: int
     max_input_tokens: int
+    vocab_size: int  # token ids given directly must be below this
     pooling: str  # "mean" | "cls" | "last"
     normalize: bool  # the model's own default (sentence-transformers Normalize module)
     tokenizer_digest: str  # sha256 hex of tokenizer.json; fetch it with TokenizerRequest
