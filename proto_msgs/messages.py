@@ -260,19 +260,19 @@ class BatchAssign(Message):
     model: str
     timeout_ms: int  # the worker may drop the batch once this has passed
     outputs: list[OutputOptions]
-    output_index: np.ndarray  # uint8 [n]
+    output_index: np.ndarray  # int32 [n]
     token_ids: np.ndarray
     offsets: np.ndarray
 
     def validate(self) -> None:
         _check_ragged(self.token_ids, self.offsets, "BatchAssign")
-        if not 1 <= len(self.outputs) <= 255:
-            raise ProtocolError("BatchAssign: 1..255 output groups")
+        if not 1 <= len(self.outputs) <= self.n:
+            raise ProtocolError("BatchAssign: 1..n output groups")
         for opt in self.outputs:
             opt.check("BatchAssign")
-        if self.output_index.dtype != np.uint8 or self.output_index.shape != (self.n,):
-            raise ProtocolError("BatchAssign: output_index must be uint8 [n]")
-        if self.n and int(self.output_index.max()) >= len(self.outputs):
+        if self.output_index.dtype != np.int32 or self.output_index.shape != (self.n,):
+            raise ProtocolError("BatchAssign: output_index must be int32 [n]")
+        if int(self.output_index.min()) < 0 or int(self.output_index.max()) >= len(self.outputs):
             raise ProtocolError("BatchAssign: output_index out of range")
 
     @property

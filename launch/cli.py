@@ -1,0 +1,111 @@
+"""``mesh-launch``: start one role of the mesh (or, with ``--role all``, a whole mesh).
+
+Every flag has an ``EMBEDMESH_<FLAG>`` environment variable (``--http-port`` →
+``EMBEDMESH_HTTP_PORT``); ``mesh-launch --help`` is the reference.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from launch.roles import Security, WorkerConfig, run_broker, run_worker
+from mesh import config
+from mesh.config import Liveness
+
+DEFAULT_FRONTEND = "tcp://127.0.0.1:5555"
+DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
+
+
+@click.command(context_settings={"auto_envvar_prefix": "EMBEDMESH", "show_default": True})
+@click.option("--role", type=click.Choice(["broker", "worker", "ingress", "all"]), required=True,
+              help="Which part of the mesh this process runs.")
+# broker
+@click.option("--frontend", default=DEFAULT_FRONTEND, help="[broker] Endpoint ingresses connect to.")
+@click.option("--backend", default=DEFAULT_BACKEND, help="[broker] Endpoint workers connect to.")
+@click.option("--max-queued-tokens", type=int, default=config.MAX_QUEUED_TOKENS,
+              help="[broker] Queued tokens per model before requests get OVERLOADED (429).")
+@click.option("--batch-timeout", type=float, default=config.BATCH_TIMEOUT_S,
+              help="[broker] Seconds a batch may take before its worker counts as hung.")
+@click.option("--max-attempts", type=int, default=config.MAX_ATTEMPTS,
+              help="[broker] Dispatches of one input before it fails with WORKER_FAILED.")
+@click.option("--aging", type=float, default=config.AGING_S,
+              help="[broker] Seconds after which waiting batch-lane work goes first.")
+# worker / ingress
+@click.option("--broker", "broker_endpoints", multiple=True,
+              help="[worker] the broker backend (default tcp://127.0.0.1:5556); [ingress] broker "
+                   "frontend(s), repeatable (default tcp://127.0.0.1:5555).")
+@click.option("--model", type=click.Path(exists=True, file_okay=False),
+              help="[worker] Model directory in Hugging Face layout (default: the embedded "
+                   "all-MiniLM-L6-v2).")
+@click.option("--served-name", help="[worker] Name clients use for the model (default: from the "
+                                    "directory).")
+@click.option("--device", default="cpu", help="[worker] cpu, cuda or cuda:N.")
+@click.option("--gpu", type=int, help="[worker] CUDA device index; same as --device cuda:N.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
+              help="[worker] Weights and activations (default fp32 on CPU, bf16/fp16 on GPU).")
+@click.option("--credits", type=int, default=config.WORKER_CREDITS,
+              help="[worker] Batches in flight at once (2 = one running, one prefetched).")
+@click.option("--max-batch-tokens", type=int,
+              help="[worker] Token budget of one batch (default 8192 on CPU, more on GPU).")
+@click.option("--max-batch-requests", type=int, default=config.MAX_BATCH_REQUESTS,
+              help="[worker] Sequences in one batch at most.")
+@click.option("--threads", type=int, help="[worker] torch intra-op threads (default: one per core).")
+@click.option("--test-hang-after", type=int, hidden=True,
+              help="[worker] Test hook: the compute loop hangs after N batches.")
+# links
+@click.option("--heartbeat-interval", type=float, default=config.HEARTBEAT_INTERVAL_S,
+              help="Seconds between heartbeats on every link.")
+@click.option("--heartbeat-liveness", type=int, default=config.HEARTBEAT_LIVENESS,
+              help="Missed heartbeats after which a peer counts as dead.")
+@click.option("--curve-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Directory of CurveZMQ keys (made with --gen-keys); secures every TCP link.")
+@click.option("--insecure", is_flag=True, help="Allow binding a non-loopback address without "
+                                               "CURVE keys.")
+@click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+@click.pass_context
+def main(ctx: click.Context, role: str, **opts: object) -> None:
+    """Run one role of an embedmesh mesh."""
+    logging.basicConfig(
+        level=str(opts["log_level"]),
+        format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    liveness = Liveness(float(opts["heartbeat_interval"]), int(opts["heartbeat_liveness"]))  # type: ignore[arg-type]
+    security = Security(opts["curve_dir"], bool(opts["insecure"]))  # type: ignore[arg-type]
+    brokers = list(opts["broker_endpoints"])  # type: ignore[call-overload]
+    try:
+        if role == "broker":
+            run_broker(
+                str(opts["frontend"]), str(opts["backend"]), liveness, security,
+                max_queued_tokens=opts["max_queued_tokens"],
+                batch_timeout_s=opts["batch_timeout"],
+                max_attempts=opts["max_attempts"],
+                aging_s=opts["aging"],
+            )
+        elif role == "worker":
+            device = f"cuda:{opts['gpu']}" if opts["gpu"] is not None else str(opts["device"])
+            cfg = WorkerConfig(
+                broker=brokers[0] if brokers else DEFAULT_BACKEND,
+                model=opts["model"],  # type: ignore[arg-type]
+                served_name=opts["served_name"],  # type: ignore[arg-type]
+                device=device,
+                dtype=opts["dtype"],  # type: ignore[arg-type]
+                credits=int(opts["credits"]),  # type: ignore[call-overload]
+                max_batch_tokens=opts["max_batch_tokens"],  # type: ignore[arg-type]
+                max_batch_requests=int(opts["max_batch_requests"]),  # type: ignore[call-overload]
+                threads=opts["threads"],  # type: ignore[arg-type]
+                test_hang_after=opts["test_hang_after"],  # type: ignore[arg-type]
+            )
+            run_worker(cfg, liveness, security)
+        else:
+            raise click.UsageError(f"--role {role} comes with the REST bridge (not built yet)")
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

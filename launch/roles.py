@@ -1,0 +1,139 @@
+"""Process bodies of each role: build the sockets, run the loop, stop cleanly on a signal."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+from mesh.config import Liveness
+
+log = logging.getLogger("embedmesh.launch")
+
+
+@dataclass
+class Security:
+    """How sockets are secured: CURVE keys from a directory, or plain on loopback."""
+
+    curve_dir: Path | None = None
+    insecure: bool = False
+
+
+def _on_signals(stop: Callable[[], None]) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop())
+
+
+def _server_binder(security: Security, ctx: zmq.Context, name: str):  # noqa: ANN202
+    from mesh import transport
+
+    keys = transport.load_server_keys(security.curve_dir, name) if security.curve_dir else None
+    auth = None
+    if keys is not None:
+        auth = transport.CurveAuth(ctx, keys)
+        auth.start()
+
+    def bind(sock: zmq.Socket, endpoint: str) -> None:
+        transport.set_common_options(sock, endpoint)
+        transport.secure_bind(sock, endpoint, keys, security.insecure)
+
+    return bind, auth
+
+
+def client_connector(security: Security, name: str) -> Callable[[zmq.Socket, str], None]:
+    from mesh import transport
+
+    keys = transport.load_client_keys(security.curve_dir, name) if security.curve_dir else None
+
+    def connect(sock: zmq.Socket, endpoint: str) -> None:
+        transport.set_common_options(sock, endpoint)
+        transport.secure_connect(sock, endpoint, keys)
+
+    return connect
+
+
+def run_broker(
+    frontend: str, backend: str, liveness: Liveness, security: Security, **options: object
+) -> None:
+    from mesh.broker.server import Broker, BrokerOptions
+
+    ctx = zmq.Context()
+    bind, auth = _server_binder(security, ctx, "broker")
+    front = ctx.socket(zmq.ROUTER)
+    back = ctx.socket(zmq.ROUTER)
+    # A ROUTER drops replies to a vanished peer silently instead of blocking the loop.
+    bind(front, frontend)
+    bind(back, backend)
+    broker = Broker(front, back, BrokerOptions(liveness=liveness, **options))  # type: ignore[arg-type]
+    _on_signals(broker.stop)
+    log.info("broker up: frontend %s, backend %s", frontend, backend)
+    try:
+        broker.run()
+    finally:
+        front.close(linger=0)
+        back.close(linger=0)
+        if auth is not None:
+            auth.stop()
+        ctx.term()
+        log.info("broker stopped")
+
+
+@dataclass
+class WorkerConfig:
+    broker: str
+    model: str | None
+    served_name: str | None
+    device: str
+    dtype: str | None
+    credits: int
+    max_batch_tokens: int | None
+    max_batch_requests: int
+    threads: int | None
+    test_hang_after: int | None = None
+
+
+def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> None:
+    import torch
+
+    from mesh.worker.engine.card import default_model_path
+    from mesh.worker.engine.engine import Engine
+    from mesh.worker.server import WorkerOptions, WorkerServer
+    from proto_msgs import ModelInfo
+
+    dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
+    model_dir = cfg.model or str(default_model_path())
+    engine = Engine.load(
+        model_dir, device=cfg.device, dtype=dtype, served_name=cfg.served_name,
+        max_batch_tokens=cfg.max_batch_tokens, threads=cfg.threads,
+    )
+    card = engine.card
+    info = ModelInfo(
+        name=card.name, aliases=list(card.aliases), dims=card.dims,
+        max_input_tokens=card.max_input_tokens, vocab_size=engine.vocab_size,
+        pooling=card.pooling, normalize=card.normalize, tokenizer_digest=card.tokenizer_digest,
+    )
+    options = WorkerOptions(
+        name=f"{socket.gethostname()}:{cfg.device}",
+        credits=cfg.credits,
+        max_batch_tokens=engine.max_batch_tokens,
+        max_batch_requests=cfg.max_batch_requests,
+        device=cfg.device,
+        test_hang_after=cfg.test_hang_after,
+    )
+    ctx = zmq.Context()
+    server = WorkerServer(
+        ctx, engine, info, card.tokenizer_json, cfg.broker, options, liveness,
+        connect=client_connector(security, "worker"),
+    )
+    _on_signals(server.stop)
+    log.info("worker up: %s on %s, broker %s", card.name, cfg.device, cfg.broker)
+    try:
+        server.run()
+    finally:
+        ctx.destroy(linger=0)
+        log.info("worker stopped")

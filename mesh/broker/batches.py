@@ -1,0 +1,78 @@
+"""Turning queue slices into a BATCH message, and a BATCH_RESULT back into per-request rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mesh.broker.queue import Slice
+from proto_msgs import BatchAssign, OutputOptions, SubmitRequest
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    """A sent batch: its message and where each slice's rows land in the result groups."""
+
+    message: BatchAssign
+    slices: list[Slice]
+    groups: list[int]  # output group of each slice
+    rows: list[int]  # first row of each slice within its group's array
+
+    def split(self, embeddings: list[np.ndarray]) -> list[tuple[Slice, np.ndarray]]:
+        """Each slice with its rows (views, no copy); ValueError if the shapes are off."""
+        expected = [0] * len(self.message.outputs)
+        for piece, group in zip(self.slices, self.groups, strict=True):
+            expected[group] += piece.end - piece.start
+        if len(embeddings) != len(expected) or any(
+            len(e) != n for e, n in zip(embeddings, expected, strict=True)
+        ):
+            raise ValueError(f"result rows {[len(e) for e in embeddings]}, expected {expected}")
+        return [
+            (piece, embeddings[group][row : row + piece.end - piece.start])
+            for piece, group, row in zip(self.slices, self.groups, self.rows, strict=True)
+        ]
+
+
+def _options_key(opt: OutputOptions) -> tuple[int | None, bool, str]:
+    return (opt.dims, opt.normalize, opt.kind)
+
+
+def plan_batch(batch_id: int, model: str, slices: list[Slice], timeout_s: float) -> BatchPlan:
+    """Concatenate the token ids of ``slices`` (whose payloads are SubmitRequests)."""
+    outputs: list[OutputOptions] = []
+    group_of: dict[tuple[int | None, bool, str], int] = {}
+    groups: list[int] = []
+    rows: list[int] = []
+    next_row: list[int] = []
+    id_parts: list[np.ndarray] = []
+    length_parts: list[np.ndarray] = []
+    index_parts: list[np.ndarray] = []
+    for piece in slices:
+        submit: SubmitRequest = piece.request.payload  # type: ignore[assignment]
+        key = _options_key(submit.output)
+        group = group_of.get(key)
+        if group is None:
+            group = group_of[key] = len(outputs)
+            outputs.append(submit.output)
+            next_row.append(0)
+        groups.append(group)
+        rows.append(next_row[group])
+        n = piece.end - piece.start
+        next_row[group] += n
+        offs = submit.offsets
+        id_parts.append(submit.token_ids[offs[piece.start] : offs[piece.end]])
+        length_parts.append(np.diff(offs[piece.start : piece.end + 1]))
+        index_parts.append(np.full(n, group, dtype=np.int32))
+    offsets = np.zeros(sum(len(p) for p in length_parts) + 1, dtype=np.int32)
+    np.cumsum(np.concatenate(length_parts), out=offsets[1:])
+    message = BatchAssign(
+        batch_id=batch_id,
+        model=model,
+        timeout_ms=max(1, int(timeout_s * 1000)),
+        outputs=outputs,
+        output_index=np.concatenate(index_parts),
+        token_ids=np.concatenate(id_parts).astype(np.int32, copy=False),
+        offsets=offsets,
+    )
+    return BatchPlan(message=message, slices=slices, groups=groups, rows=rows)

@@ -1,0 +1,95 @@
+"""Workers the broker knows: their model, budgets, credits and liveness. Pure, no sockets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from proto_msgs import ModelInfo, WorkerReady
+
+
+@dataclass(slots=True)
+class WorkerState:
+    identity: bytes
+    name: str
+    model: ModelInfo
+    max_batch_tokens: int
+    max_batch_requests: int
+    credits: int  # granted in READY
+    free: int  # credits not in use now
+    device: str
+    last_heard: float
+    progress: int = 0  # batches the worker says it finished
+    progress_at: float = 0.0  # when progress last moved
+
+
+@dataclass
+class Registry:
+    """Workers by identity, by model; the catalog and tokenizers they announced."""
+
+    workers: dict[bytes, WorkerState] = field(default_factory=dict)
+    tokenizers: dict[str, bytes] = field(default_factory=dict)  # digest → tokenizer.json
+    known_models: dict[str, ModelInfo] = field(default_factory=dict)  # ever announced
+    _rr: int = 0
+
+    def add(self, identity: bytes, ready: WorkerReady, now: float) -> WorkerState:
+        state = WorkerState(
+            identity=identity,
+            name=ready.name,
+            model=ready.model,
+            max_batch_tokens=ready.max_batch_tokens,
+            max_batch_requests=ready.max_batch_requests,
+            credits=ready.credits,
+            free=ready.credits,
+            device=ready.device,
+            last_heard=now,
+            progress_at=now,
+        )
+        self.workers[identity] = state
+        self.tokenizers[ready.model.tokenizer_digest] = ready.tokenizer_json
+        self.known_models[ready.model.name] = ready.model
+        return state
+
+    def remove(self, identity: bytes) -> WorkerState | None:
+        return self.workers.pop(identity, None)
+
+    def heard(self, identity: bytes, now: float) -> WorkerState | None:
+        state = self.workers.get(identity)
+        if state is not None:
+            state.last_heard = now
+        return state
+
+    def silent(self, now: float, expiry_s: float) -> list[WorkerState]:
+        return [w for w in self.workers.values() if now - w.last_heard > expiry_s]
+
+    def resolve(self, name: str) -> str | None:
+        """Canonical model name for a name or alias, among models ever announced."""
+        if name in self.known_models:
+            return name
+        for model in self.known_models.values():
+            if name in model.aliases:
+                return model.name
+        return None
+
+    def with_credit(self, model: str) -> list[WorkerState]:
+        """Workers of ``model`` with a free credit, most free first, rotating among ties so
+        equal workers share the load."""
+        ready = [w for w in self.workers.values() if w.model.name == model and w.free > 0]
+        if len(ready) > 1:
+            self._rr = (self._rr + 1) % len(ready)
+            ready = ready[self._rr :] + ready[: self._rr]
+            ready.sort(key=lambda w: -w.free)
+        return ready
+
+    def count(self, model: str) -> int:
+        return sum(1 for w in self.workers.values() if w.model.name == model)
+
+    def catalog(self) -> list[ModelInfo]:
+        """Models with at least one live worker, with their worker counts."""
+        counts: dict[str, int] = {}
+        for w in self.workers.values():
+            counts[w.model.name] = counts.get(w.model.name, 0) + 1
+        out = []
+        for name, n in counts.items():
+            info = self.known_models[name]
+            out.append(ModelInfo(**{**info.__dict__, "aliases": list(info.aliases), "workers": n}))
+        return out

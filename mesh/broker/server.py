@@ -1,0 +1,354 @@
+"""The broker process: two ROUTER sockets and one loop that owns both.
+
+Frontend (ingress DEALERs): SUBMIT, CANCEL, CATALOG, TOKENIZER, PING. Backend (worker DEALERs):
+READY, HEARTBEAT, BATCH_RESULT, BATCH_ERROR, DISCONNECT. The queue algorithm lives in
+``mesh.broker.queue`` and the dispatched batches in ``mesh.broker.inflight``; this module only
+moves messages between them and the sockets, and keeps time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zmq
+
+from mesh.broker.batches import BatchPlan, plan_batch
+from mesh.broker.inflight import InFlight, InFlightBatch
+from mesh.broker.queue import Overloaded, Queue, Request, RequestTooLarge, Slice
+from mesh.broker.registry import Registry, WorkerState
+from mesh.config import (
+    AGING_S,
+    BATCH_TIMEOUT_S,
+    MAX_ATTEMPTS,
+    MAX_QUEUED_TOKENS,
+    Liveness,
+)
+from proto_msgs import (
+    BatchError,
+    BatchResult,
+    BrokerStats,
+    CancelRequest,
+    CatalogReply,
+    CatalogRequest,
+    Disconnect,
+    ErrorCode,
+    Heartbeat,
+    Message,
+    Ping,
+    Pong,
+    ProtocolError,
+    RequestError,
+    RequestResult,
+    SubmitRequest,
+    TokenizerReply,
+    TokenizerRequest,
+    WorkerReady,
+    decode,
+    encode,
+)
+
+log = logging.getLogger("embedmesh.broker")
+
+
+@dataclass
+class BrokerOptions:
+    liveness: Liveness = field(default_factory=Liveness)
+    max_queued_tokens: int = MAX_QUEUED_TOKENS
+    batch_timeout_s: float = BATCH_TIMEOUT_S
+    max_attempts: int = MAX_ATTEMPTS
+    aging_s: float = AGING_S
+    # Queued work of a model whose last worker left fails with UNAVAILABLE after this long.
+    orphan_grace_s: float | None = None  # None: one liveness expiry
+
+
+class Broker:
+    def __init__(self, frontend: zmq.Socket, backend: zmq.Socket, options: BrokerOptions) -> None:
+        self.front = frontend
+        self.back = backend
+        self.opts = options
+        self.queue = Queue(options.max_queued_tokens, options.aging_s)
+        self.inflight = InFlight(options.max_attempts)
+        self.plans: dict[int, BatchPlan] = {}
+        self.registry = Registry()
+        self.dropped = 0
+        self._warned_peers: set[bytes] = set()
+        self._orphaned_since: dict[str, float] = {}
+        self._stop = False
+
+    def stop(self) -> None:
+        self._stop = True
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.front, zmq.POLLIN)
+        poller.register(self.back, zmq.POLLIN)
+        interval = self.opts.liveness.interval_s
+        next_beat = time.monotonic()
+        while not self._stop:
+            events = dict(poller.poll(timeout=min(50, interval * 1000)))
+            now = time.monotonic()
+            if self.back in events:
+                self._drain(self.back, self._on_backend, now)
+            if self.front in events:
+                self._drain(self.front, self._on_frontend, now)
+            if now >= next_beat:
+                self._tick(now)
+                next_beat = now + interval
+            else:
+                self._expire(now)
+
+    def _drain(self, sock: zmq.Socket, handler: Any, now: float) -> None:
+        # Bounded so one busy side cannot starve the other or the timers.
+        for _ in range(1000):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            identity = frames[0].bytes
+            try:
+                msg = decode(frames[1:])
+            except ProtocolError as exc:
+                self._malformed(sock, identity, exc)
+                continue
+            handler(identity, msg, now)
+
+    def _malformed(self, sock: zmq.Socket, identity: bytes, exc: ProtocolError) -> None:
+        self.dropped += 1
+        if identity not in self._warned_peers:
+            self._warned_peers.add(identity)
+            log.warning("dropping malformed message from %r: %s", identity, exc.reason)
+        if sock is self.front and exc.cid is not None:
+            self._send_front(identity, RequestError(exc.cid, ErrorCode.PROTOCOL, exc.reason))
+
+    def _send_front(self, identity: bytes, msg: Message) -> None:
+        self.front.send_multipart([identity, *encode(msg)], copy=False)
+
+    def _send_back(self, identity: bytes, msg: Message) -> None:
+        self.back.send_multipart([identity, *encode(msg)], copy=False)
+
+    def _tick(self, now: float) -> None:
+        """Once per heartbeat interval: beat to workers, bury the silent and the hung."""
+        beat = encode(Heartbeat(progress=0, busy=False))
+        for identity in self.registry.workers:
+            self.back.send_multipart([identity, *beat])
+        for worker in self.registry.silent(now, self.opts.liveness.expiry_s):
+            self._bury(worker.identity, f"silent for {now - worker.last_heard:.1f}s", now)
+        for batch in self.inflight.overdue(now):
+            if batch.worker in self.registry.workers:
+                self._bury(batch.worker, f"batch {batch.batch_id} overdue (hung?)", now)
+        self._fail_orphans(now)
+        self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        for request in self.queue.expire(now):
+            self._answer_error(request, ErrorCode.DEADLINE_EXCEEDED, "deadline passed")
+
+    # ---- frontend -----------------------------------------------------------------------------
+
+    def _on_frontend(self, identity: bytes, msg: Message, now: float) -> None:
+        if isinstance(msg, SubmitRequest):
+            self._submit(identity, msg, now)
+        elif isinstance(msg, CancelRequest):
+            self.queue.cancel((identity, msg.cid))
+        elif isinstance(msg, Ping):
+            self._send_front(identity, Pong(cid=msg.cid, stats=self.stats()))
+        elif isinstance(msg, CatalogRequest):
+            self._send_front(identity, CatalogReply(cid=msg.cid, models=self.registry.catalog()))
+        elif isinstance(msg, TokenizerRequest):
+            blob = self.registry.tokenizers.get(msg.digest)
+            reply = TokenizerReply(msg.cid, msg.digest, blob is not None, blob or b"")
+            self._send_front(identity, reply)
+        else:
+            self._malformed(self.front, identity, ProtocolError(f"{type(msg).__name__} on front"))
+
+    def _submit(self, identity: bytes, msg: SubmitRequest, now: float) -> None:
+        model = self.registry.resolve(msg.model)
+        error: tuple[ErrorCode, str, int | None] | None = None
+        if model is None:
+            error = (ErrorCode.MODEL_NOT_FOUND, f"model {msg.model!r} is not served", None)
+        elif self.registry.count(model) == 0:
+            error = (ErrorCode.UNAVAILABLE, f"no worker serves {model!r} now", None)
+        else:
+            info = self.registry.known_models[model]
+            longest = int(np.diff(msg.offsets).max())
+            if longest > info.max_input_tokens:
+                error = (ErrorCode.INVALID_INPUT,
+                         f"a sequence of {longest} tokens is over {info.max_input_tokens}", None)
+        if error is None:
+            deadline = now + msg.timeout_ms / 1000 if msg.timeout_ms is not None else None
+            request = Request(
+                key=(identity, msg.cid), model=model, lane=msg.lane,  # type: ignore[arg-type]
+                lengths=np.diff(msg.offsets), deadline=deadline, submitted_at=now, payload=msg,
+            )
+            try:
+                self.queue.submit(request, now)
+            except Overloaded as exc:
+                retry_ms = int((exc.retry_after_s or 1.0) * 1000)
+                error = (ErrorCode.OVERLOADED, exc.message, retry_ms)
+            except RequestTooLarge as exc:
+                error = (ErrorCode.TOO_LARGE, exc.message, None)
+            except ValueError as exc:  # duplicate cid from this peer
+                error = (ErrorCode.PROTOCOL, str(exc), None)
+        if error is not None:
+            code, text, retry_ms = error
+            self._send_front(identity, RequestError(msg.cid, code, text, retry_ms))
+            return
+        self._dispatch(model, now)  # type: ignore[arg-type]
+
+    def _answer_error(self, request: Request, code: ErrorCode, text: str) -> None:
+        identity, cid = request.key
+        self._send_front(identity, RequestError(cid, code, text))
+
+    # ---- dispatch -----------------------------------------------------------------------------
+
+    def _dispatch(self, model: str, now: float) -> None:
+        """Give each worker of ``model`` with a free credit a batch, while work remains."""
+        while self.queue.queued_sequences(model):
+            workers = self.registry.with_credit(model)
+            if not workers:
+                return
+            worker = workers[0]
+            formed = self.queue.form_batch(
+                model, worker.max_batch_tokens, worker.max_batch_requests, now
+            )
+            if formed is None:
+                return
+            for request in formed.expired:
+                self._answer_error(request, ErrorCode.DEADLINE_EXCEEDED, "deadline passed")
+            for request in formed.refused:
+                self._answer_error(request, ErrorCode.TOO_LARGE,
+                                   f"a sequence is over the batch budget {worker.max_batch_tokens}")
+            if formed.slices:
+                self._send_batch(worker, formed.slices, now)
+
+    def _send_batch(self, worker: WorkerState, slices: list[Slice], now: float) -> None:
+        batch = self.inflight.add(worker.identity, slices, now, now + self.opts.batch_timeout_s)
+        plan = plan_batch(batch.batch_id, worker.model.name, slices, self.opts.batch_timeout_s)
+        self.plans[batch.batch_id] = plan
+        worker.free -= 1
+        self.back.send_multipart([worker.identity, *encode(plan.message)], copy=False)
+
+    # ---- backend ------------------------------------------------------------------------------
+
+    def _on_backend(self, identity: bytes, msg: Message, now: float) -> None:
+        if isinstance(msg, WorkerReady):
+            if identity in self.registry.workers:
+                self._bury(identity, "re-registered", now, tell=False)
+            worker = self.registry.add(identity, msg, now)
+            self._orphaned_since.pop(worker.model.name, None)
+            log.info("worker %s ready: %s on %s, %d credits, %d tokens/batch", worker.name,
+                     worker.model.name, worker.device, worker.credits, worker.max_batch_tokens)
+            self._dispatch(worker.model.name, now)
+            return
+        worker = self.registry.heard(identity, now)
+        if worker is None:
+            # A worker from before a broker restart: tell it to READY again.
+            if not isinstance(msg, Disconnect):
+                self._send_back(identity, Disconnect(reason="unknown worker; send READY"))
+            return
+        if isinstance(msg, Heartbeat):
+            if msg.progress != worker.progress:
+                worker.progress, worker.progress_at = msg.progress, now
+        elif isinstance(msg, BatchResult):
+            self._on_result(worker, msg, now)
+        elif isinstance(msg, BatchError):
+            self._on_batch_error(worker, msg, now)
+        elif isinstance(msg, Disconnect):
+            self._bury(identity, f"left: {msg.reason}", now, tell=False)
+        else:
+            self._malformed(self.back, identity, ProtocolError(f"{type(msg).__name__} on back"))
+
+    def _on_result(self, worker: WorkerState, msg: BatchResult, now: float) -> None:
+        batch = self.inflight.pop(msg.batch_id, worker.identity)
+        plan = self.plans.pop(msg.batch_id, None)
+        if batch is None or plan is None:
+            return  # a duplicate, or a batch already taken back: harmless
+        worker.free += 1
+        try:
+            chunks = plan.split(msg.embeddings)
+        except ValueError as exc:
+            log.error("worker %s sent a malformed result: %s", worker.name, exc)
+            self._requeue([batch])
+        else:
+            for piece, rows in chunks:
+                request = piece.request
+                if not request.live:
+                    continue  # cancelled, expired or failed meanwhile: already answered
+                identity, cid = request.key
+                indices = np.arange(piece.start, piece.end, dtype=np.int32)
+                self._send_front(identity, RequestResult(cid, piece.tokens, indices, rows))
+                self.queue.complete(request, piece.end - piece.start)
+        self._dispatch(worker.model.name, now)
+
+    def _on_batch_error(self, worker: WorkerState, msg: BatchError, now: float) -> None:
+        batch = self.inflight.pop(msg.batch_id, worker.identity)
+        self.plans.pop(msg.batch_id, None)
+        if batch is None:
+            return
+        worker.free += 1
+        if msg.retryable:
+            self._requeue([batch])
+        else:
+            for piece in batch.slices:
+                if self.queue.fail_request(piece.request):
+                    self._answer_error(piece.request, ErrorCode(msg.code), msg.message)
+        self._dispatch(worker.model.name, now)
+
+    def _requeue(self, batches: list[InFlightBatch]) -> None:
+        slices = [piece for batch in batches for piece in batch.slices]
+        requeue, give_up = self.inflight.split_retry(slices)
+        for piece in give_up:
+            if self.queue.fail_request(piece.request):
+                self._answer_error(piece.request, ErrorCode.WORKER_FAILED,
+                                   f"workers failed on this input {piece.attempt} times")
+        self.queue.requeue_front(requeue)
+
+    def _bury(self, identity: bytes, why: str, now: float, tell: bool = True) -> None:
+        """Remove a dead or hung worker and put its batches back at the head of the queue."""
+        worker = self.registry.remove(identity)
+        if worker is None:
+            return
+        batches = self.inflight.remove_worker(identity)
+        for batch in batches:
+            self.plans.pop(batch.batch_id, None)
+        log.warning("worker %s removed (%s); requeueing %d batches", worker.name, why,
+                    len(batches))
+        if tell:
+            self._send_back(identity, Disconnect(reason=why))
+        self._requeue(batches)
+        model = worker.model.name
+        if self.registry.count(model) == 0:
+            self._orphaned_since.setdefault(model, now)
+        self._dispatch(model, now)
+
+    def _fail_orphans(self, now: float) -> None:
+        grace = self.opts.orphan_grace_s
+        grace = self.opts.liveness.expiry_s if grace is None else grace
+        for model, since in list(self._orphaned_since.items()):
+            if self.registry.count(model):
+                del self._orphaned_since[model]
+            elif now - since >= grace:
+                # Its in-flight work was requeued when the worker was buried, so this
+                # ends every request of the model.
+                for request in self.queue.drain_model(model):
+                    self._answer_error(request, ErrorCode.UNAVAILABLE,
+                                       f"no worker serves {model!r} any more")
+                del self._orphaned_since[model]
+
+    # ---- stats --------------------------------------------------------------------------------
+
+    def stats(self) -> BrokerStats:
+        models = set(self.queue.models()) | {w.model.name for w in self.registry.workers.values()}
+        return BrokerStats(
+            queued_tokens={m: self.queue.queued_tokens(m) for m in models},
+            queued_sequences={m: self.queue.queued_sequences(m) for m in models},
+            workers={m: self.registry.count(m) for m in models},
+            inflight_batches=len(self.inflight),
+            dropped_frames=self.dropped,
+        )

@@ -1,0 +1,298 @@
+"""One client's link to one broker: the DEALER socket, its reader task and its pinger.
+
+Every request sent here ends exactly once: with its result, with the broker's error, with
+Unavailable when the broker goes silent for ``liveness`` intervals, or with DeadlineExceeded
+when the client-side deadline passes. Duplicate result chunks (possible after a requeue) are
+dropped by sequence index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from mesh.config import Liveness
+from mesh.errors import MeshError, ProtocolViolation, Unavailable, error_from_code
+from proto_msgs import (
+    BrokerStats,
+    CancelRequest,
+    CatalogReply,
+    CatalogRequest,
+    Message,
+    ModelInfo,
+    Ping,
+    Pong,
+    ProtocolError,
+    RequestError,
+    RequestResult,
+    SubmitRequest,
+    TokenizerReply,
+    TokenizerRequest,
+    decode,
+    encode,
+)
+
+log = logging.getLogger("embedmesh.client")
+
+
+@dataclass
+class EmbedResult:
+    """Embeddings in input order and the tokens they cost."""
+
+    embeddings: np.ndarray  # [n, d]; float32, float16, int8 or uint8 (packed bits)
+    prompt_tokens: int
+
+
+@dataclass
+class _Pending:
+    """A request in flight: assembles result chunks, drops duplicates."""
+
+    future: asyncio.Future[Any]
+    n: int
+    tokens: int
+    out: np.ndarray | None = None
+    received: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    count: int = 0
+    prompt_tokens: int = 0
+
+    def add(self, chunk: RequestResult) -> bool:
+        """Store a chunk; True once every sequence has arrived."""
+        idx = chunk.indices.astype(np.int64)
+        if len(idx) and (idx.min() < 0 or idx.max() >= self.n):
+            raise ProtocolError("result index out of range")
+        if self.out is None:
+            self.out = np.empty((self.n, chunk.embeddings.shape[1]), dtype=chunk.embeddings.dtype)
+            self.received = np.zeros(self.n, dtype=bool)
+        elif chunk.embeddings.shape[1] != self.out.shape[1]:
+            raise ProtocolError("result chunks disagree on width")
+        fresh = ~self.received[idx]
+        if fresh.all():
+            self.out[idx] = chunk.embeddings
+        else:
+            self.out[idx[fresh]] = chunk.embeddings[fresh]
+        self.received[idx[fresh]] = True
+        self.count += int(fresh.sum())
+        if fresh.all():
+            self.prompt_tokens += chunk.prompt_tokens
+        return self.count == self.n
+
+
+class BrokerConnection:
+    """Owner of one DEALER socket to one broker frontend."""
+
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        endpoint: str,
+        liveness: Liveness,
+        connect: Callable[[zmq.Socket, str], None] | None = None,
+        on_catalog: Callable[[BrokerConnection], None] | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.endpoint = endpoint
+        self.liveness = liveness
+        self._connect = connect
+        self._on_catalog = on_catalog
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._replies: dict[int, asyncio.Future[Message]] = {}
+        self.models: list[ModelInfo] = []
+        self.stats: BrokerStats | None = None
+        self.alive = False
+        self.outstanding_tokens = 0
+        self.dropped = 0
+        self._last_heard = 0.0
+        self._sock: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._alive_event = asyncio.Event()
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._open()
+        self._tasks = [
+            asyncio.create_task(self._read_loop(), name=f"reader {self.endpoint}"),
+            asyncio.create_task(self._ping_loop(), name=f"pinger {self.endpoint}"),
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._fail_all(Unavailable(f"client closed its link to {self.endpoint}"))
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    async def wait_alive(self, timeout_s: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._alive_event.wait(), timeout_s)
+        return self.alive
+
+    def _open(self) -> None:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        if self._connect is not None:
+            self._connect(sock, self.endpoint)
+        else:
+            sock.connect(self.endpoint)
+        self._sock = sock
+
+    def _send(self, msg: Message) -> None:
+        assert self._sock is not None
+        try:
+            # DEALER send never blocks here unless the HWM is hit; NOBLOCK turns that into
+            # an immediate Unavailable instead of an unbounded wait.
+            self._sock.send_multipart(encode(msg), flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again as exc:
+            raise Unavailable(f"broker {self.endpoint} is not accepting messages") from exc
+
+    # ---- requests -----------------------------------------------------------------------------
+
+    def submit(self, request: SubmitRequest, tokens: int) -> _Pending:
+        if not self.alive:
+            raise Unavailable(f"broker {self.endpoint} is unreachable")
+        loop = asyncio.get_running_loop()
+        pending = _Pending(future=loop.create_future(), n=request.n, tokens=tokens)
+        self._pending[request.cid] = pending
+        self.outstanding_tokens += tokens
+        try:
+            self._send(request)
+        except MeshError:
+            self._finish(request.cid)
+            raise
+        return pending
+
+    def next_cid(self) -> int:
+        return next(self._ids)
+
+    def cancel(self, cid: int) -> None:
+        if self._finish(cid) is not None and self.alive:
+            with contextlib.suppress(MeshError, zmq.ZMQError):
+                self._send(CancelRequest(cid=cid))
+
+    async def ask(self, msg: CatalogRequest | TokenizerRequest | Ping, timeout_s: float) -> Message:
+        """Send a control request and wait for its reply (matched by cid)."""
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._replies[msg.cid] = fut
+        try:
+            self._send(msg)
+            return await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError as exc:
+            raise Unavailable(f"broker {self.endpoint} did not answer") from exc
+        finally:
+            self._replies.pop(msg.cid, None)
+
+    def _finish(self, cid: int) -> _Pending | None:
+        pending = self._pending.pop(cid, None)
+        if pending is not None:
+            self.outstanding_tokens -= pending.tokens
+        return pending
+
+    def _fail_all(self, error: MeshError) -> None:
+        for cid in list(self._pending):
+            pending = self._finish(cid)
+            if pending is not None and not pending.future.done():
+                pending.future.set_exception(error)
+        for fut in self._replies.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self._replies.clear()
+
+    # ---- tasks --------------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        while True:
+            assert self._sock is not None
+            sock = self._sock
+            try:
+                frames = await sock.recv_multipart(copy=False)
+            except (zmq.ZMQError, asyncio.CancelledError):
+                # Closing a socket we replaced on purpose ends its pending recv; anything
+                # else (our own cancellation included) ends the reader.
+                task = asyncio.current_task()
+                if sock is self._sock or (task is not None and task.cancelling()):
+                    raise
+                continue
+            self._heard()
+            try:
+                msg = decode(frames)
+                self._dispatch(msg)
+            except ProtocolError as exc:
+                self.dropped += 1
+                if self.dropped == 1:
+                    log.warning("dropped malformed message from %s: %s", self.endpoint, exc)
+                if exc.cid is not None and (p := self._finish(exc.cid)) and not p.future.done():
+                    p.future.set_exception(ProtocolViolation(f"malformed reply: {exc.reason}"))
+
+    def _dispatch(self, msg: Message) -> None:
+        if isinstance(msg, RequestResult):
+            pending = self._pending.get(msg.cid)
+            if pending is not None and pending.add(msg):
+                self._finish(msg.cid)
+                if not pending.future.done():
+                    assert pending.out is not None
+                    pending.future.set_result(EmbedResult(pending.out, pending.prompt_tokens))
+        elif isinstance(msg, RequestError):
+            pending = self._finish(msg.cid)
+            if pending is not None and not pending.future.done():
+                retry = msg.retry_after_ms / 1000 if msg.retry_after_ms is not None else None
+                pending.future.set_exception(error_from_code(msg.code, msg.message, retry))
+        elif isinstance(msg, Pong | CatalogReply | TokenizerReply):
+            if isinstance(msg, Pong):
+                self.stats = msg.stats
+            elif isinstance(msg, CatalogReply):
+                self.models = msg.models
+                if self._on_catalog is not None:
+                    self._on_catalog(self)
+            fut = self._replies.get(msg.cid)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        else:
+            self.dropped += 1
+
+    def _heard(self) -> None:
+        self._last_heard = time.monotonic()
+        if not self.alive:
+            self.alive = True
+            self._alive_event.set()
+            log.info("broker %s is reachable", self.endpoint)
+            with contextlib.suppress(MeshError):
+                self._send(CatalogRequest(cid=self.next_cid()))
+
+    async def _ping_loop(self) -> None:
+        interval = self.liveness.interval_s
+        while True:
+            # Fire and forget: replies are handled by the reader, so a dead broker never
+            # stretches this loop and the silence check below runs every interval.
+            with contextlib.suppress(MeshError):
+                self._send(Ping(cid=self.next_cid()))
+                self._send(CatalogRequest(cid=self.next_cid()))
+            await asyncio.sleep(interval)
+            if self.alive and time.monotonic() - self._last_heard > self.liveness.expiry_s:
+                self._lost()
+
+    def _lost(self) -> None:
+        log.warning("broker %s silent for %.1fs: failing its requests", self.endpoint,
+                    self.liveness.expiry_s)
+        self.alive = False
+        self._alive_event.clear()
+        self.models = []
+        self._fail_all(Unavailable(f"lost the broker at {self.endpoint}; retry"))
+        # A fresh socket: the old one's queue would replay stale submits to a new broker.
+        old = self._sock
+        self._open()
+        if old is not None:
+            old.close(linger=0)

@@ -1,0 +1,184 @@
+"""The worker's link to its broker: one I/O thread that owns the DEALER socket.
+
+It sends READY on every fresh connection, heartbeats every interval (with the compute loop's
+progress counter, so a broker can tell a live socket from a live GPU loop), decodes incoming
+batches into a queue for the compute loop, and forwards encoded results from the compute loop
+(over an inproc PULL socket that this thread also owns). When the broker has been silent for
+``liveness`` intervals it drops the socket and reconnects on a fresh one with exponential
+backoff (1 s → 32 s), Paranoid-Pirate style.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from mesh.config import RECONNECT_BACKOFF_MAX_S, RECONNECT_BACKOFF_MIN_S, Liveness
+from proto_msgs import (
+    BatchAssign,
+    Disconnect,
+    Heartbeat,
+    ProtocolError,
+    WorkerReady,
+    decode,
+    encode,
+)
+
+log = logging.getLogger("embedmesh.worker")
+
+
+@dataclass
+class Incoming:
+    """A decoded batch, tagged with the connection epoch it arrived on."""
+
+    epoch: int
+    batch: BatchAssign
+    received_at: float
+
+
+class BrokerLink:
+    """Owner of the DEALER socket; everything else talks to it through queues."""
+
+    RESULTS_ENDPOINT = "inproc://embedmesh-worker-results"
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        ready: WorkerReady,
+        liveness: Liveness,
+        connect: callable | None = None,  # type: ignore[valid-type]
+        backoff_min_s: float = RECONNECT_BACKOFF_MIN_S,
+        backoff_max_s: float = RECONNECT_BACKOFF_MAX_S,
+    ) -> None:
+        self.ctx = ctx
+        self.endpoint = endpoint
+        self.ready = ready
+        self.liveness = liveness
+        self._connect = connect  # hook for CURVE: connect(sock, endpoint)
+        self.backoff_min_s = backoff_min_s
+        self.backoff_max_s = backoff_max_s
+        self.batches: queue.Queue[Incoming] = queue.Queue()
+        self.epoch = 0  # bumped on every reconnect; stale batches and results are dropped
+        self.progress = 0  # batches finished by the compute loop (written there, read here)
+        self.busy = False
+        self.dropped_frames = 0
+        self.connected = threading.Event()
+        self._stop = threading.Event()
+        # Bound here, before the thread starts, so the compute loop can connect at once.
+        self._results = ctx.socket(zmq.PULL)
+        self._results.bind(self.RESULTS_ENDPOINT)
+        self._thread = threading.Thread(target=self._run, name="broker-link", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def result_sender(self) -> zmq.Socket:
+        """A PUSH socket for the compute thread (it owns it) to hand results to this link."""
+        sock = self.ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.RESULTS_ENDPOINT)
+        return sock
+
+    def _new_socket(self) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        if self._connect is not None:
+            self._connect(sock, self.endpoint)
+        else:
+            sock.connect(self.endpoint)
+        sock.send_multipart(encode(self.ready), copy=False)
+        return sock
+
+    def _run(self) -> None:
+        backoff = self.backoff_min_s
+        while not self._stop.is_set():
+            sock = self._new_socket()
+            heard = self._serve(sock)
+            sock.close(linger=0)
+            self.connected.clear()
+            if self._stop.is_set():
+                break
+            self.epoch += 1
+            # Any batch still queued belongs to the old session: the broker requeues it.
+            while True:
+                try:
+                    self.batches.get_nowait()
+                except queue.Empty:
+                    break
+            backoff = self.backoff_min_s if heard else min(backoff * 2, self.backoff_max_s)
+            log.warning("broker %s silent; reconnecting in %.1fs", self.endpoint, backoff)
+            self._stop.wait(backoff)
+
+    def _serve(self, sock: zmq.Socket) -> bool:
+        """Pump one connection until the broker is silent too long; True if it ever spoke."""
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._results, zmq.POLLIN)
+        interval = self.liveness.interval_s
+        heard_any = False
+        last_heard = time.monotonic()
+        next_beat = time.monotonic() + interval
+        epoch = self.epoch
+        while not self._stop.is_set():
+            timeout_ms = max(0.0, next_beat - time.monotonic()) * 1000
+            events = dict(poller.poll(min(timeout_ms, 100)))
+            now = time.monotonic()
+            if sock in events:
+                while True:
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    last_heard = now
+                    heard_any = True
+                    self.connected.set()
+                    if not self._on_message(frames, epoch, now):
+                        return heard_any
+            if self._results in events:
+                while True:
+                    try:
+                        tagged = self._results.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    # First frame is the epoch the batch came in on: results of an old
+                    # session go nowhere (the broker already gave that work to someone else).
+                    if int(tagged[0].bytes) == epoch:
+                        sock.send_multipart(tagged[1:], copy=False)
+            if now >= next_beat:
+                beat = Heartbeat(progress=self.progress, busy=self.busy)
+                sock.send_multipart(encode(beat))
+                next_beat = now + interval
+            if now - last_heard > self.liveness.expiry_s:
+                return heard_any
+        try:
+            sock.send_multipart(encode(Disconnect(reason="worker shutting down")))
+        except zmq.ZMQError:
+            pass
+        return heard_any
+
+    def _on_message(self, frames: list[zmq.Frame], epoch: int, now: float) -> bool:
+        """Handle one broker message; False means 'reconnect now'."""
+        try:
+            msg = decode(frames)
+        except ProtocolError as exc:
+            self.dropped_frames += 1
+            if self.dropped_frames == 1 or self.dropped_frames % 1000 == 0:
+                log.warning("dropped malformed message from broker (%s)", exc.reason)
+            return True
+        if isinstance(msg, BatchAssign):
+            self.batches.put(Incoming(epoch=epoch, batch=msg, received_at=now))
+        elif isinstance(msg, Disconnect):
+            log.warning("broker asked us to reconnect: %s", msg.reason)
+            return False
+        # Heartbeats need no handling: hearing anything is what counts.
+        return True

@@ -1,0 +1,113 @@
+"""Real meshes for integration tests: each role a real process started by mesh-launch."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mesh.client import MeshClient
+from mesh.config import Liveness
+
+MODEL = "all-MiniLM-L6-v2"
+INTERVAL_S = 0.25  # heartbeats in tests: fast enough to see deaths in a second or so
+LIVENESS = 4
+TEST_LIVENESS = Liveness(INTERVAL_S, LIVENESS)
+
+
+class Mesh:
+    """A broker and workers as subprocesses on ipc:// endpoints in a temp dir."""
+
+    def __init__(self, tmp: Path, transport: str = "ipc") -> None:
+        self.tmp = tmp
+        if transport == "ipc":
+            self.frontend = f"ipc://{tmp}/front"
+            self.backend = f"ipc://{tmp}/back"
+        else:
+            import socket
+
+            ports = []
+            for _ in range(2):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    ports.append(s.getsockname()[1])
+            self.frontend = f"tcp://127.0.0.1:{ports[0]}"
+            self.backend = f"tcp://127.0.0.1:{ports[1]}"
+        self.broker: subprocess.Popen[bytes] | None = None
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self._logs: list[Path] = []
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = self.tmp / f"{name}-{len(self._logs)}.log"
+        self._logs.append(log)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+        cmd = [
+            sys.executable, "-m", "launch.cli", *args,
+            "--heartbeat-interval", str(INTERVAL_S), "--heartbeat-liveness", str(LIVENESS),
+        ]
+        with open(log, "wb") as out:
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def start_broker(self, *extra: str) -> subprocess.Popen[bytes]:
+        self.broker = self._spawn(
+            "broker",
+            ["--role", "broker", "--frontend", self.frontend, "--backend", self.backend, *extra],
+        )
+        return self.broker
+
+    def start_worker(self, *extra: str) -> subprocess.Popen[bytes]:
+        proc = self._spawn(
+            "worker",
+            ["--role", "worker", "--broker", self.backend, "--threads", "1",
+             "--max-batch-tokens", "2048", *extra],
+        )
+        self.workers.append(proc)
+        return proc
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self._logs)
+
+    def stop(self) -> None:
+        procs = [p for p in [self.broker, *self.workers] if p is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for proc in procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def wait_for_workers(client: MeshClient, n: int, timeout_s: float = 60) -> None:
+    """Until the catalog shows ``n`` workers for MODEL."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        models = {m.name: m for m in client.models()}
+        if MODEL in models and models[MODEL].workers >= n:
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"{n} workers did not register within {timeout_s}s")
+
+
+@pytest.fixture
+def mesh(tmp_path: Path) -> Iterator[Mesh]:
+    m = Mesh(tmp_path)
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def tcp_mesh(tmp_path: Path) -> Iterator[Mesh]:
+    m = Mesh(tmp_path, transport="tcp")
+    yield m
+    m.stop()
