@@ -21,8 +21,8 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
 
 
 @click.command(context_settings={"auto_envvar_prefix": "EMBEDMESH", "show_default": True})
-@click.option("--role", type=click.Choice(["broker", "worker", "ingress", "all"]), required=True,
-              help="Which part of the mesh this process runs.")
+@click.option("--role", type=click.Choice(["broker", "worker", "ingress", "all"]), default="all",
+              help="Which part of the mesh this process runs (all: a whole mesh on this host).")
 # broker
 @click.option("--frontend", default=DEFAULT_FRONTEND, help="[broker] Endpoint ingresses connect to.")
 @click.option("--backend", default=DEFAULT_BACKEND, help="[broker] Endpoint workers connect to.")
@@ -56,6 +56,20 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
 @click.option("--threads", type=int, help="[worker] torch intra-op threads (default: one per core).")
 @click.option("--test-hang-after", type=int, hidden=True,
               help="[worker] Test hook: the compute loop hangs after N batches.")
+# ingress
+@click.option("--http-host", default="127.0.0.1", help="[ingress, all] HTTP address to listen on.")
+@click.option("--http-port", type=int, default=8000, help="[ingress, all] HTTP port.")
+@click.option("--api-key", help="[ingress, all] Require 'Authorization: Bearer KEY' on /v1/*.")
+@click.option("--auto-truncate", is_flag=True,
+              help="[ingress, all] Cut over-long inputs at the model's limit instead of a 422.")
+@click.option("--max-body-bytes", type=int, default=16 << 20, help="[ingress] Largest request body.")
+@click.option("--max-inputs", type=int, default=2048, help="[ingress] Inputs in one request at most.")
+@click.option("--tokenizer-threads", type=int, default=4,
+              help="[ingress] Threads tokenizing off the event loop.")
+@click.option("--request-timeout", type=float, default=config.DEFAULT_REQUEST_TIMEOUT_S,
+              help="[ingress] Seconds before a request fails with 504.")
+# all
+@click.option("--workers", type=int, default=1, help="[all] Worker processes to start.")
 # links
 @click.option("--heartbeat-interval", type=float, default=config.HEARTBEAT_INTERVAL_S,
               help="Seconds between heartbeats on every link.")
@@ -101,8 +115,14 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
                 test_hang_after=opts["test_hang_after"],  # type: ignore[arg-type]
             )
             run_worker(cfg, liveness, security)
+        elif role == "ingress":
+            from launch.ingress_role import run_ingress_role
+
+            run_ingress_role(opts, liveness, security)
         else:
-            raise click.UsageError(f"--role {role} comes with the REST bridge (not built yet)")
+            from launch.supervisor import run_all
+
+            sys.exit(run_all(opts))
     except KeyboardInterrupt:
         pass
 
