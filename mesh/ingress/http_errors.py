@@ -1,0 +1,128 @@
+"""Every error the REST bridge returns: one status table, one JSON shape (OpenAI's).
+
+The rule for client errors:
+
+- **400** the body cannot be read as a JSON object (malformed JSON, not an object, not UTF-8).
+- **422** it can, but a field breaks the contract: missing, of the wrong type, empty (an empty
+  ``input`` list, an empty string, an empty token list), out of range (``dimensions``, token
+  ids), an unknown ``encoding_format``, or an input over the model's token limit (without
+  ``--auto-truncate``). As TEI does: the request is well-formed but cannot be processed.
+- **413** the request is over a size limit of this server: the body is over
+  ``--max-body-bytes``, it has more than ``--max-inputs`` inputs, or it holds more tokens than
+  the broker may ever queue for one model.
+- **404** unknown model (or route), **401** missing or wrong API key.
+
+Server-side: **429** overloaded (with an integer ``Retry-After`` ≥ 1 s), **503** no worker for
+the model or no broker, **504** the request's deadline passed, **502** the mesh failed on this
+request (workers kept dying on it, or a malformed reply), **500** a bug.
+
+The body is always ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from http import HTTPStatus
+
+import orjson
+from aiohttp import web
+
+from mesh.errors import MeshError
+from proto_msgs import ErrorCode
+
+CLIENT_CLOSED = 499  # nginx's "client closed request": only ever logged and counted
+
+# Wire error code → (HTTP status, OpenAI error type, error code string). The one mapping.
+STATUS_BY_CODE: dict[ErrorCode, tuple[int, str, str]] = {
+    ErrorCode.INVALID_INPUT: (422, "invalid_request_error", "invalid_input"),
+    ErrorCode.MODEL_NOT_FOUND: (404, "invalid_request_error", "model_not_found"),
+    ErrorCode.TOO_LARGE: (413, "invalid_request_error", "request_too_large"),
+    ErrorCode.OVERLOADED: (429, "rate_limit_error", "overloaded"),
+    ErrorCode.UNAVAILABLE: (503, "server_error", "unavailable"),
+    ErrorCode.DEADLINE_EXCEEDED: (504, "server_error", "deadline_exceeded"),
+    ErrorCode.CANCELLED: (CLIENT_CLOSED, "invalid_request_error", "cancelled"),
+    ErrorCode.WORKER_FAILED: (502, "server_error", "worker_failed"),
+    ErrorCode.INTERNAL: (500, "server_error", "internal_error"),
+    ErrorCode.PROTOCOL: (502, "server_error", "protocol_error"),
+}
+
+
+@dataclass
+class ApiError(Exception):
+    """An HTTP error response about to be sent."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    code: str | None = None
+    param: str | None = None
+    retry_after_s: float | None = None
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.code}: {self.message}"
+
+    @classmethod
+    def malformed(cls, message: str) -> ApiError:
+        return cls(400, message, code="malformed_request")
+
+    @classmethod
+    def invalid(cls, message: str, param: str | None = None) -> ApiError:
+        return cls(422, message, code="invalid_input", param=param)
+
+    @classmethod
+    def too_large(cls, message: str, param: str | None = None) -> ApiError:
+        return cls(413, message, code="request_too_large", param=param)
+
+    @classmethod
+    def unauthorized(cls, message: str) -> ApiError:
+        return cls(401, message, code="invalid_api_key")
+
+    @classmethod
+    def from_mesh(cls, exc: MeshError, param: str | None = None) -> ApiError:
+        status, type_, code = STATUS_BY_CODE.get(exc.code, STATUS_BY_CODE[ErrorCode.INTERNAL])
+        if exc.code is ErrorCode.MODEL_NOT_FOUND:
+            param = "model"
+        return cls(status, exc.message, type_, code, param, exc.retry_after_s)
+
+    @classmethod
+    def from_http(cls, exc: web.HTTPException) -> ApiError:
+        """aiohttp's own errors (unknown route, wrong method, body too large) in our shape."""
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+        type_ = "invalid_request_error" if exc.status < 500 else "server_error"
+        return cls(exc.status, exc.reason, type_, code.get(exc.status, "http_error"))
+
+
+def retry_after_header(retry_after_s: float | None) -> str:
+    """Whole seconds, at least 1 (RFC 9110 delay-seconds is a non-negative integer)."""
+    return str(max(1, math.ceil(retry_after_s or 1.0)))
+
+
+def error_body(err: ApiError) -> dict[str, object]:
+    return {
+        "error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}
+    }
+
+
+def error_response(err: ApiError) -> web.Response:
+    headers = {}
+    if err.status == 429:
+        headers["Retry-After"] = retry_after_header(err.retry_after_s)
+    if err.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return web.Response(
+        body=orjson.dumps(error_body(err)),
+        status=err.status,
+        reason=_reason(err.status),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def _reason(status: int) -> str:
+    if status == CLIENT_CLOSED:
+        return "Client Closed Request"
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"

@@ -1,0 +1,226 @@
+"""``POST /v1/embeddings`` bodies: parsed and checked by hand, without a model-validation layer.
+
+The checks that need no catalog happen here (shape, types, emptiness, counts, enum values);
+those that need the model (``dimensions`` range, token limit, vocabulary) happen once the model
+is resolved. Status codes follow ``mesh.ingress.http_errors``: 400 unreadable, 422 invalid, 413
+too many inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from mesh.ingress.encodings import ENCODINGS
+from mesh.ingress.http_errors import ApiError
+
+
+@dataclass
+class EmbeddingsRequest:
+    """One request, with its inputs either as texts or as token ids (never both)."""
+
+    model: str
+    encoding_format: str  # a key of ENCODINGS
+    dimensions: int | None
+    texts: list[str] | None = None
+    token_ids: np.ndarray | None = None  # int64, all sequences concatenated
+    offsets: np.ndarray | None = None  # int64, n + 1 entries
+
+    @property
+    def n_inputs(self) -> int:
+        if self.texts is not None:
+            return len(self.texts)
+        assert self.offsets is not None
+        return len(self.offsets) - 1
+
+
+def parse_embeddings_request(body: bytes, max_inputs: int) -> EmbeddingsRequest:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError.malformed(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ApiError.malformed("the body must be a JSON object")
+    model = doc.get("model")
+    if model is None:
+        raise ApiError.invalid("'model' is required", "model")
+    if not isinstance(model, str) or not model:
+        raise ApiError.invalid("'model' must be a non-empty string", "model")
+    user = doc.get("user")
+    if user is not None and not isinstance(user, str):
+        raise ApiError.invalid("'user' must be a string", "user")
+    request = EmbeddingsRequest(
+        model=model,
+        encoding_format=_encoding_format(doc.get("encoding_format")),
+        dimensions=_dimensions(doc.get("dimensions")),
+    )
+    if "input" not in doc:
+        raise ApiError.invalid("'input' is required", "input")
+    _parse_input(doc["input"], request, max_inputs)
+    return request
+
+
+def _encoding_format(value: object) -> str:
+    if value is None:
+        return "float"
+    if not isinstance(value, str) or value not in ENCODINGS:
+        raise ApiError.invalid(
+            f"'encoding_format' must be one of {', '.join(ENCODINGS)}; got {value!r}",
+            "encoding_format",
+        )
+    return value
+
+
+def _dimensions(value: object) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int:  # bool is an int subclass; 3.0 is not an integer here
+        raise ApiError.invalid("'dimensions' must be an integer", "dimensions")
+    if value < 1:
+        raise ApiError.invalid(f"'dimensions' must be at least 1; got {value}", "dimensions")
+    return value
+
+
+def _parse_input(value: object, request: EmbeddingsRequest, max_inputs: int) -> None:
+    if isinstance(value, str):
+        if not value:
+            raise ApiError.invalid("'input' must not be an empty string", "input")
+        request.texts = [value]
+        return
+    if not isinstance(value, list):
+        raise ApiError.invalid(
+            "'input' must be a string, a list of strings, a list of token ids or a list of "
+            "lists of token ids",
+            "input",
+        )
+    if not value:
+        raise ApiError.invalid("'input' must not be an empty list", "input")
+    first = value[0]
+    if isinstance(first, str):
+        request.texts = _texts(value, max_inputs)
+    elif type(first) is int:
+        request.token_ids, request.offsets = _token_lists([value], max_inputs, nested=False)
+    elif isinstance(first, list):
+        request.token_ids, request.offsets = _token_lists(value, max_inputs, nested=True)
+    else:
+        raise ApiError.invalid(
+            f"input[0] must be a string, a token id or a list of token ids; got "
+            f"{_json_type(first)}",
+            "input",
+        )
+
+
+def _check_count(n: int, max_inputs: int) -> None:
+    if n > max_inputs:
+        raise ApiError.too_large(
+            f"{n} inputs in one request; at most {max_inputs} are allowed", "input"
+        )
+
+
+def _texts(items: list[object], max_inputs: int) -> list[str]:
+    _check_count(len(items), max_inputs)
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise ApiError.invalid(
+                f"input[{i}] is {_json_type(item)}; a list of strings must hold only strings",
+                "input",
+            )
+        if not item:
+            raise ApiError.invalid(f"input[{i}] is an empty string", "input")
+    return items  # type: ignore[return-value]
+
+
+def _token_lists(
+    seqs: list[object], max_inputs: int, *, nested: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    _check_count(len(seqs), max_inputs)
+    lengths = np.zeros(len(seqs), dtype=np.int64)
+    for i, seq in enumerate(seqs):
+        where = f"input[{i}]" if nested else "input"
+        if not isinstance(seq, list):
+            raise ApiError.invalid(
+                f"{where} is {_json_type(seq)}; a list of token lists must hold only lists",
+                "input",
+            )
+        if not seq:
+            raise ApiError.invalid(f"{where} is an empty list of token ids", "input")
+        # type() rather than isinstance: JSON true/false must not pass as ids 1/0.
+        if not all(type(t) is int for t in seq):
+            raise ApiError.invalid(f"{where} must hold only integer token ids", "input")
+        lengths[i] = len(seq)
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    try:
+        ids = np.fromiter(
+            (t for seq in seqs for t in seq),  # type: ignore[union-attr]
+            dtype=np.int64,
+            count=int(offsets[-1]),
+        )
+    except OverflowError:
+        raise ApiError.invalid("token ids must fit in 64 bits", "input") from None
+    return ids, offsets
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    return {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)
+
+
+def check_for_model(
+    request: EmbeddingsRequest, model_dims: int, vocab_size: int, max_tokens: int, truncate: bool
+) -> None:
+    """The checks that need the model: ``dimensions`` range; token ids in the vocabulary and
+    within the input limit (cut there when ``truncate``, else 422 naming the limit)."""
+    if request.dimensions is not None and request.dimensions > model_dims:
+        raise ApiError.invalid(
+            f"'dimensions' must be between 1 and {model_dims} for model {request.model!r}; "
+            f"got {request.dimensions}",
+            "dimensions",
+        )
+    if request.token_ids is None:
+        return
+    ids, offsets = request.token_ids, request.offsets
+    assert offsets is not None
+    # Checked in int64, before any narrowing cast could wrap a huge id into the vocabulary.
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        bad = int(np.flatnonzero((ids < 0) | (ids >= vocab_size))[0])
+        raise ApiError.invalid(
+            f"token id {int(ids[bad])} is outside the vocabulary of {request.model!r} "
+            f"(0..{vocab_size - 1})",
+            "input",
+        )
+    lengths = np.diff(offsets)
+    if int(lengths.max()) <= max_tokens:
+        return
+    if not truncate:
+        i = int(np.argmax(lengths > max_tokens))
+        raise ApiError.invalid(
+            f"input[{i}] has {int(lengths[i])} tokens, over the limit of {max_tokens} tokens "
+            f"of model {request.model!r}; shorten it (or start the server with --auto-truncate)",
+            "input",
+        )
+    request.token_ids, request.offsets = truncate_tokens(ids, offsets, max_tokens)
+
+
+def truncate_tokens(
+    ids: np.ndarray, offsets: np.ndarray, max_tokens: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Keep the first ``max_tokens`` ids of each sequence."""
+    starts = offsets[:-1]
+    lengths = np.minimum(np.diff(offsets), max_tokens)
+    new_offsets = np.zeros_like(offsets)
+    np.cumsum(lengths, out=new_offsets[1:])
+    # Index of every kept id: its sequence's start plus its position within the sequence.
+    seq_of = np.repeat(np.arange(len(lengths)), lengths)
+    pos = np.arange(int(new_offsets[-1])) - new_offsets[:-1][seq_of]
+    return ids[starts[seq_of] + pos], new_offsets

@@ -1,0 +1,67 @@
+"""Run one ingress until told to stop: the HTTP site, the mesh client, a graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from collections.abc import Callable
+
+import zmq
+from aiohttp import web
+
+from mesh.client import MeshClient
+from mesh.ingress.app import create_app
+from mesh.ingress.config import IngressConfig
+
+log = logging.getLogger("embedmesh.ingress")
+
+SHUTDOWN_GRACE_S = 10.0  # in-flight requests get this long to finish after a stop; 1..60
+
+
+async def serve(
+    cfg: IngressConfig,
+    stop: asyncio.Event,
+    connect: Callable[[zmq.Socket, str], None] | None = None,
+) -> None:
+    """Serve HTTP on ``cfg.http_host:cfg.http_port`` until ``stop`` is set, then stop taking
+    connections, let in-flight requests finish (up to SHUTDOWN_GRACE_S) and close the client."""
+    client = MeshClient(
+        cfg.brokers,
+        liveness=cfg.liveness,
+        tokenizer_threads=cfg.tokenizer_threads,
+        connect=connect,
+        default_timeout_s=cfg.request_timeout_s,
+    )
+    await client.start()
+    # handler_cancellation: a client that hangs up cancels its handler, hence its mesh work.
+    runner = web.AppRunner(
+        create_app(cfg, client),
+        handler_cancellation=True,
+        access_log=None,  # /metrics counts every request; a log line each costs at load
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+    )
+    try:
+        await runner.setup()
+        site = web.TCPSite(runner, cfg.http_host, cfg.http_port, reuse_address=True)
+        await site.start()
+        if cfg.api_key is None and not _is_loopback(cfg.http_host):
+            log.warning("listening on %s without --api-key: anyone who can reach it can use it",
+                        cfg.http_host)  # fmt: skip
+        log.info("ingress up: http://%s:%d (brokers %s)", cfg.http_host, cfg.http_port,
+                 ", ".join(cfg.brokers))  # fmt: skip
+        await stop.wait()
+        log.info("ingress stopping: finishing in-flight requests")
+    finally:
+        await runner.cleanup()
+        await client.close()
+        log.info("ingress stopped")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
