@@ -1,0 +1,294 @@
+"""The HTTP layer over a fake mesh client: routing, auth, limits, error shapes, health, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from mesh import errors
+from mesh.client import EmbedResult
+from mesh.ingress.app import INTERACTIVE_MAX_TOKENS, create_app
+from mesh.ingress.config import IngressConfig
+from proto_msgs import BrokerStats, Lane, ModelInfo
+
+MODEL = ModelInfo(
+    name="tiny", aliases=["org/tiny"], dims=8, max_input_tokens=16, vocab_size=100,
+    pooling="mean", normalize=True, tokenizer_digest="d", workers=1,
+)  # fmt: skip
+
+
+@dataclass
+class FakeBroker:
+    endpoint: str = "ipc://fake"
+    alive: bool = True
+    outstanding_tokens: int = 0
+    stats: BrokerStats | None = field(
+        default_factory=lambda: BrokerStats({"tiny": 5}, {"tiny": 2}, {"tiny": 1}, 3, 0)
+    )
+
+
+class FakeClient:
+    """Tokenizes words to ids, embeds each sequence as a one-hot of its length."""
+
+    def __init__(self) -> None:
+        self.brokers = [FakeBroker()]
+        self.served = True
+        self.error: errors.MeshError | None = None
+        self.calls: list[dict] = []
+        self.block: asyncio.Event | None = None
+        self.cancelled = asyncio.Event()
+
+    def models(self) -> list[ModelInfo]:
+        return [MODEL] if self.served and self.brokers[0].alive else []
+
+    def resolve(self, name: str) -> ModelInfo:
+        for m in self.models():
+            if name == m.name or name in m.aliases:
+                return m
+        raise errors.ModelNotFound(f"model {name!r} is not served")
+
+    async def tokenize(self, texts: list[str], model: str, *, truncate: bool = False):
+        seqs = [[len(w) % 100 for w in t.split()] or [1] for t in texts]
+        for i, s in enumerate(seqs):
+            if len(s) > MODEL.max_input_tokens and not truncate:
+                raise errors.InvalidInput(f"input[{i}] has {len(s)} tokens, over 16")
+        seqs = [s[: MODEL.max_input_tokens] for s in seqs]
+        offsets = np.cumsum([0] + [len(s) for s in seqs]).astype(np.int32)
+        return np.array([t for s in seqs for t in s], dtype=np.int32), offsets
+
+    async def embed_tokens(self, ids, offsets, model, **kw) -> EmbedResult:
+        self.calls.append({"ids": ids, "offsets": offsets, "model": model, **kw})
+        if self.block is not None:
+            try:
+                await self.block.wait()
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+        if self.error is not None:
+            raise self.error
+        n = len(offsets) - 1
+        out = np.zeros((n, kw.get("dims") or MODEL.dims), dtype=np.float32)
+        out[np.arange(n), np.minimum(np.diff(offsets), out.shape[1]) - 1] = 1.0
+        kind = kw.get("kind", "float32")
+        if kind == "int8":
+            out = (out * 127).astype(np.int8)
+        elif kind == "binary":
+            out = np.packbits(out > 0, axis=1)
+        return EmbedResult(out, int(len(ids)))
+
+
+@pytest.fixture
+def fake() -> FakeClient:
+    return FakeClient()
+
+
+async def serve(fake: FakeClient, **cfg: object) -> TestClient:
+    app = create_app(IngressConfig(brokers=["ipc://fake"], **cfg), fake)  # type: ignore[arg-type]
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    return client
+
+
+@pytest.fixture
+async def http(fake: FakeClient) -> AsyncIterator[TestClient]:
+    client = await serve(fake)
+    yield client
+    await client.close()
+
+
+async def test_embeddings_answers_in_input_order_with_usage(http: TestClient, fake) -> None:
+    resp = await http.post("/v1/embeddings", json={"model": "org/tiny", "input": ["a b", "a"]})
+    assert resp.status == 200
+    doc = await resp.json()
+    assert doc["model"] == "tiny" and doc["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+    assert [int(np.argmax(d["embedding"])) for d in doc["data"]] == [1, 0]
+    assert fake.calls[0]["lane"] == Lane.INTERACTIVE and fake.calls[0]["kind"] == "float32"
+
+
+async def test_large_requests_go_to_the_batch_lane(http: TestClient, fake) -> None:
+    texts = ["w " * 16] * (INTERACTIVE_MAX_TOKENS // 16 + 1)
+    resp = await http.post("/v1/embeddings", json={"model": "tiny", "input": texts})
+    assert resp.status == 200 and fake.calls[0]["lane"] == Lane.BATCH
+
+
+async def test_encoding_and_dimensions_reach_the_mesh(http: TestClient, fake) -> None:
+    body = {"model": "tiny", "input": [[5, 6, 7]], "encoding_format": "base64_binary",
+            "dimensions": 4}  # fmt: skip
+    resp = await http.post("/v1/embeddings", json=body)
+    assert resp.status == 200
+    call = fake.calls[0]
+    assert call["kind"] == "binary" and call["dims"] == 4
+    assert call["ids"].dtype == np.int32 and call["ids"].tolist() == [5, 6, 7]
+
+
+async def error_of(resp) -> dict:
+    doc = await resp.json()
+    assert set(doc) == {"error"} and set(doc["error"]) == {"message", "type", "param", "code"}
+    return doc["error"]
+
+
+async def test_unknown_model_is_404(http: TestClient) -> None:
+    resp = await http.post("/v1/embeddings", json={"model": "nope", "input": "x"})
+    assert resp.status == 404
+    assert (await error_of(resp))["code"] == "model_not_found"
+
+
+async def test_a_model_seen_before_but_without_workers_now_is_503(http: TestClient, fake) -> None:
+    assert (await http.post("/v1/embeddings", json={"model": "tiny", "input": "x"})).status == 200
+    fake.served = False
+    resp = await http.post("/v1/embeddings", json={"model": "org/tiny", "input": "x"})
+    assert resp.status == 503 and (await error_of(resp))["code"] == "unavailable"
+    assert (await http.post("/v1/embeddings", json={"model": "nope", "input": "x"})).status == 404
+
+
+async def test_text_over_the_token_limit_is_422(http: TestClient) -> None:
+    resp = await http.post("/v1/embeddings", json={"model": "tiny", "input": "w " * 17})
+    assert resp.status == 422
+    err = await error_of(resp)
+    assert err["param"] == "input" and "16" in err["message"]
+
+
+async def test_auto_truncate_cuts_over_long_inputs(fake: FakeClient) -> None:
+    http = await serve(fake, auto_truncate=True)
+    try:
+        for body in ({"model": "tiny", "input": "w " * 17}, {"model": "tiny", "input": [1] * 20}):
+            resp = await http.post("/v1/embeddings", json=body)
+            assert resp.status == 200 and (await resp.json())["usage"]["prompt_tokens"] == 16
+    finally:
+        await http.close()
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (errors.Overloaded("busy", retry_after_s=2.5), 429),
+        (errors.Unavailable("lost the broker"), 503),
+        (errors.DeadlineExceeded("too slow"), 504),
+        (errors.TooLarge("too many tokens to queue"), 413),
+        (errors.WorkerFailed("workers died"), 502),
+        (errors.InternalError("bug"), 500),
+    ],
+)
+async def test_mesh_errors_become_their_status(http: TestClient, fake, error, status) -> None:
+    fake.error = error
+    resp = await http.post("/v1/embeddings", json={"model": "tiny", "input": "x"})
+    assert resp.status == status
+    assert (await error_of(resp))["message"] == error.message
+    if status == 429:
+        assert resp.headers["Retry-After"] == "3"
+
+
+async def test_a_body_over_the_limit_is_413(fake: FakeClient) -> None:
+    http = await serve(fake, max_body_bytes=1000)
+    try:
+        resp = await http.post("/v1/embeddings", json={"model": "tiny", "input": "x" * 2000})
+        assert resp.status == 413 and "1000 bytes" in (await error_of(resp))["message"]
+        resp = await http.post("/v1/embeddings", data=_chunked(b"x" * 4000))  # no length
+        assert resp.status == 413
+    finally:
+        await http.close()
+
+
+async def _chunked(data: bytes):
+    for i in range(0, len(data), 500):
+        yield data[i : i + 500]
+
+
+async def test_malformed_json_is_400(http: TestClient) -> None:
+    resp = await http.post("/v1/embeddings", data=b"{nope")
+    assert resp.status == 400 and (await error_of(resp))["code"] == "malformed_request"
+
+
+async def test_unknown_routes_and_methods_answer_in_the_error_shape(http: TestClient) -> None:
+    assert (await http.get("/v2/nothing")).status == 404
+    resp = await http.get("/v1/embeddings")
+    assert resp.status == 405 and (await error_of(resp))["code"] == "method_not_allowed"
+
+
+async def test_api_key_guards_v1_but_not_health_or_metrics(fake: FakeClient) -> None:
+    http = await serve(fake, api_key="sekret")
+    try:
+        body = {"model": "tiny", "input": "x"}
+        resp = await http.post("/v1/embeddings", json=body)
+        assert resp.status == 401 and (await error_of(resp))["code"] == "invalid_api_key"
+        bad = {"Authorization": "Bearer wrong"}
+        assert (await http.post("/v1/embeddings", json=body, headers=bad)).status == 401
+        assert (await http.get("/v1/models", headers={"Authorization": "sekret"})).status == 401
+        good = {"Authorization": "Bearer sekret"}
+        assert (await http.post("/v1/embeddings", json=body, headers=good)).status == 200
+        assert (await http.get("/v1/models", headers=good)).status == 200
+        assert (await http.get("/health")).status == 200
+        assert (await http.get("/metrics")).status == 200
+    finally:
+        await http.close()
+
+
+async def test_models_lists_served_models_in_the_openai_shape(http: TestClient) -> None:
+    doc = await (await http.get("/v1/models")).json()
+    assert doc["object"] == "list" and [m["id"] for m in doc["data"]] == ["tiny"]
+    card = doc["data"][0]
+    assert card["object"] == "model" and card["owned_by"] == "embedmesh"
+    assert card["aliases"] == ["org/tiny"] and card["dimensions"] == 8
+    assert (await (await http.get("/v1/models/org/tiny")).json())["id"] == "tiny"
+    assert (await http.get("/v1/models/nope")).status == 404
+
+
+async def test_health_is_green_only_with_a_worker_for_every_model_seen(
+    http: TestClient, fake: FakeClient
+) -> None:
+    resp = await http.get("/health")
+    assert resp.status == 200 and (await resp.json())["models"] == {"tiny": 1}
+    fake.served = False
+    resp = await http.get("/health")
+    assert resp.status == 503 and "tiny" in (await resp.json())["reason"]
+    fake.brokers[0].alive = False
+    resp = await http.get("/health")
+    assert resp.status == 503 and (await resp.json())["reason"] == "no broker is reachable"
+
+
+async def test_health_is_red_before_any_model_is_seen(fake: FakeClient) -> None:
+    fake.served = False
+    http = await serve(fake)
+    try:
+        resp = await http.get("/health")
+        assert resp.status == 503 and "no worker" in (await resp.json())["reason"]
+    finally:
+        await http.close()
+
+
+async def test_metrics_count_requests_errors_tokens_and_show_broker_gauges(
+    http: TestClient,
+) -> None:
+    await http.post("/v1/embeddings", json={"model": "tiny", "input": ["a b c", "d"]})
+    await http.post("/v1/embeddings", json={"model": "nope", "input": "x"})
+    text = await (await http.get("/metrics")).text()
+    for line in [
+        'embedmesh_ingress_requests_total{route="/v1/embeddings",status="200"} 1.0',
+        'embedmesh_ingress_requests_total{route="/v1/embeddings",status="404"} 1.0',
+        'embedmesh_ingress_errors_total{code="model_not_found"} 1.0',
+        'embedmesh_ingress_prompt_tokens_total{model="tiny"} 4.0',
+        'embedmesh_ingress_inputs_total{model="tiny"} 2.0',
+        'embedmesh_broker_up{broker="ipc://fake"} 1.0',
+        'embedmesh_broker_queued_tokens{broker="ipc://fake",model="tiny"} 5.0',
+        'embedmesh_broker_queued_sequences{broker="ipc://fake",model="tiny"} 2.0',
+        'embedmesh_broker_workers{broker="ipc://fake",model="tiny"} 1.0',
+        'embedmesh_broker_inflight_batches{broker="ipc://fake"} 3.0',
+    ]:
+        assert line in text, line
+    assert 'embedmesh_ingress_mesh_duration_seconds_count{lane="interactive",model="tiny"}' in text
+    assert "embedmesh_ingress_tokenize_duration_seconds_count 1.0" in text
+    assert 'embedmesh_ingress_request_duration_seconds_bucket{le="0.005"' in text
+
+
+async def test_a_client_that_hangs_up_cancels_its_mesh_call(http: TestClient, fake) -> None:
+    fake.block = asyncio.Event()
+    request = asyncio.create_task(http.post("/v1/embeddings", json={"model": "tiny", "input": "x"}))
+    while not fake.calls:
+        await asyncio.sleep(0.01)
+    request.cancel()  # closes the connection mid-request
+    await asyncio.wait_for(fake.cancelled.wait(), 5)

@@ -1,0 +1,76 @@
+"""Response bodies: float JSON, base64 float32, base64_int8, base64_binary (LSB first)."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import orjson
+import pytest
+
+from mesh.ingress.encodings import render_embeddings
+
+
+def rendered(x: np.ndarray, fmt: str, tokens: int = 7) -> dict:
+    return orjson.loads(render_embeddings(x, fmt, "m", tokens))
+
+
+@pytest.fixture
+def vectors() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 384)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_the_body_has_the_openai_shape(vectors: np.ndarray) -> None:
+    doc = rendered(vectors, "float", tokens=42)
+    assert doc["object"] == "list" and doc["model"] == "m"
+    assert doc["usage"] == {"prompt_tokens": 42, "total_tokens": 42}
+    assert [d["index"] for d in doc["data"]] == [0, 1, 2, 3, 4]
+    assert all(d["object"] == "embedding" for d in doc["data"])
+
+
+def test_float_json_round_trips_every_float32_exactly(vectors: np.ndarray) -> None:
+    doc = rendered(vectors, "float")
+    back = np.array([d["embedding"] for d in doc["data"]], dtype=np.float32)
+    assert np.array_equal(back, vectors)
+
+
+def test_base64_is_little_endian_float32_as_the_openai_client_decodes_it(
+    vectors: np.ndarray,
+) -> None:
+    doc = rendered(vectors.astype(">f4"), "base64")  # even a big-endian array goes out LE
+    for i, d in enumerate(doc["data"]):
+        back = np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4")
+        assert np.array_equal(back, vectors[i])
+
+
+def test_base64_int8_is_one_signed_byte_per_dimension() -> None:
+    q = np.array([[-127, -1, 0, 1, 127], [5, -5, 0, 0, 0]], dtype=np.int8)
+    doc = rendered(q, "base64_int8")
+    for i, d in enumerate(doc["data"]):
+        back = np.frombuffer(base64.b64decode(d["embedding"]), dtype=np.int8)
+        assert np.array_equal(back, q[i])
+
+
+@pytest.mark.parametrize("dims", [384, 13, 8, 1])
+def test_base64_binary_packs_sign_bits_lsb_first(vectors: np.ndarray, dims: int) -> None:
+    x = vectors[:, :dims]
+    worker_bits = np.packbits(x > 0, axis=1)  # what workers send: MSB first
+    doc = rendered(worker_bits, "base64_binary")
+    for i, d in enumerate(doc["data"]):
+        raw = np.frombuffer(base64.b64decode(d["embedding"]), dtype=np.uint8)
+        assert len(raw) == (dims + 7) // 8
+        assert np.array_equal(np.unpackbits(raw, bitorder="little")[:dims], x[i] > 0)
+        assert np.array_equal(raw, np.packbits(x[i] > 0, bitorder="little"))
+        assert not np.unpackbits(raw, bitorder="little")[dims:].any()  # padding bits are 0
+
+
+def test_base64_binary_puts_dimension_zero_in_bit_zero() -> None:
+    worker_bits = np.packbits(np.array([[1, 0, 0, 0, 0, 0, 0, 0, 0, 1]], dtype=bool), axis=1)
+    raw = base64.b64decode(rendered(worker_bits, "base64_binary")["data"][0]["embedding"])
+    assert raw == bytes([0b0000_0001, 0b0000_0010])
+
+
+def test_an_empty_result_renders_an_empty_list() -> None:
+    assert rendered(np.zeros((0, 4), dtype=np.float32), "float")["data"] == []
