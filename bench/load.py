@@ -1,0 +1,139 @@
+"""Load generators against the REST bridge: closed loop, open loop (Poisson), sequential.
+
+aiohttp on one event loop rather than the official ``openai`` client: that client builds a
+pydantic model per response and decodes every vector, which costs more CPU per request than
+the mesh itself spends on a short query, on the same two cores. Here bodies are serialized
+once up front and a response is parsed only for ``usage`` and the number of vectors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from bench.stats import Sample, poisson_schedule
+
+Body = tuple[bytes, int]  # JSON body, number of texts in it
+
+
+@dataclass
+class Target:
+    """Where requests go and how."""
+
+    url: str  # .../v1
+    api_key: str | None = None
+    timeout_s: float = 120.0
+
+    @property
+    def embeddings_url(self) -> str:
+        return self.url.rstrip("/") + "/embeddings"
+
+    def session(self, connections: int) -> aiohttp.ClientSession:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=connections),
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            headers=headers,
+        )
+
+
+async def send(session: aiohttp.ClientSession, url: str, body: Body, due: float) -> Sample:
+    """One request; latency counts from ``due`` (the open loop's scheduled time)."""
+    data, texts = body
+    try:
+        async with session.post(url, data=data) as resp:
+            payload = await resp.read()
+            status = str(resp.status)
+    except TimeoutError:
+        return Sample(due, time.perf_counter() - due, "timeout", texts)
+    except aiohttp.ClientError as exc:
+        return Sample(due, time.perf_counter() - due, type(exc).__name__, texts)
+    latency = time.perf_counter() - due
+    tokens = 0
+    if status == "200":
+        try:
+            answer = orjson.loads(payload)
+            tokens = int(answer["usage"]["prompt_tokens"])
+            if len(answer["data"]) != texts:
+                status = "200-wrong-count"
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            status = "200-bad-body"
+    return Sample(due, latency, status, texts, tokens)
+
+
+async def closed_loop(
+    target: Target,
+    bodies: Sequence[Body],
+    concurrency: int,
+    *,
+    duration_s: float | None = None,
+    count: int | None = None,
+) -> tuple[list[Sample], float]:
+    """``concurrency`` clients, each sending its next request when the last one returns.
+
+    Stops starting requests after ``duration_s`` or ``count`` requests; waits for those in
+    flight. Returns the samples and the elapsed seconds from the first send to the last answer.
+    """
+    if (duration_s is None) == (count is None):
+        raise ValueError("give exactly one of duration_s and count")
+    picks = itertools.cycle(bodies)
+    issued = itertools.count()
+    samples: list[Sample] = []
+    start = time.perf_counter()
+    stop_at = start + duration_s if duration_s is not None else float("inf")
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        url = target.embeddings_url
+        while time.perf_counter() < stop_at and (count is None or next(issued) < count):
+            samples.append(await send(session, url, next(picks), time.perf_counter()))
+
+    async with target.session(concurrency) as session:
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+    return samples, time.perf_counter() - start
+
+
+async def open_loop(
+    target: Target,
+    bodies: Sequence[Body],
+    rate: float,
+    *,
+    duration_s: float | None = None,
+    count: int | None = None,
+    seed: int = 0,
+) -> tuple[list[Sample], float]:
+    """Poisson arrivals at ``rate`` requests/s, whatever the answers do.
+
+    Latency counts from each request's scheduled time, so a generator (or server) that falls
+    behind shows up in the percentiles instead of hiding (no coordinated omission).
+    """
+    schedule = poisson_schedule(rate, duration_s=duration_s, count=count, seed=seed)
+    picks = itertools.cycle(bodies)
+    tasks: list[asyncio.Task[Sample]] = []
+    async with target.session(0) as session:
+        start = time.perf_counter()
+        for offset in schedule:
+            due = start + offset
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(
+                asyncio.create_task(send(session, target.embeddings_url, next(picks), due))
+            )
+        samples = list(await asyncio.gather(*tasks))
+    end = max((s.start_s + s.latency_s for s in samples), default=time.perf_counter())
+    return samples, end - start
+
+
+async def sequential(
+    target: Target, bodies: Sequence[Body], count: int
+) -> tuple[list[Sample], float]:
+    """One request at a time: the latency of a lone query, queueing excluded."""
+    return await closed_loop(target, bodies, 1, count=count)

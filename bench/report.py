@@ -1,0 +1,152 @@
+"""Reports: the machine, one row per run, the baseline and the ratio; a table and JSON."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.baseline import BaselineResult
+from bench.stats import RunStats
+
+
+def machine() -> dict[str, Any]:
+    """nproc, CPU model and RAM of this host, as the benchmark page records them."""
+    cpu = platform.processor() or platform.machine()
+    mem_gib = math.nan
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    # Load average at the start: on a shared 2-core host, other work skews every number.
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+    return {
+        "nproc": nproc,
+        "cpu": cpu,
+        "mem_gib": mem_gib,
+        "python": platform.python_version(),
+        "loadavg_1m": round(load, 2),
+    }
+
+
+@dataclass
+class Run:
+    """One load run against one mesh configuration."""
+
+    config: str  # how the mesh was started ("--workers 2 --threads 1", or the URL)
+    mode: str  # closed | open | latency
+    load: str  # "c=16 x1", "rate=50/s x1", "seq x1"
+    stats: RunStats
+
+
+@dataclass
+class Report:
+    args: dict[str, Any]
+    baseline: BaselineResult | None = None
+    runs: list[Run] = field(default_factory=list)
+    started: str = field(
+        default_factory=lambda: datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    )
+    host: dict[str, Any] = field(default_factory=machine)
+
+    def ratio(self, run: Run) -> float:
+        if self.baseline is None:
+            return math.nan
+        return run.stats.tokens_per_s / self.baseline.best["tokens_per_s"]
+
+    def as_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "started": self.started,
+                "machine": self.host,
+                "args": self.args,
+                "baseline": self.baseline.as_dict() if self.baseline else None,
+                "runs": [
+                    {
+                        "config": r.config,
+                        "mode": r.mode,
+                        "load": r.load,
+                        "vs_baseline": self.ratio(r),
+                        **r.stats.as_dict(),
+                    }
+                    for r in self.runs
+                ],
+            },
+            option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY,
+        )
+
+    def table(self) -> str:
+        h = self.host
+        lines = [
+            f"{self.started}  {h['nproc']} cpus ({h['cpu']}), {h['mem_gib']} GiB RAM, "
+            f"load average {h['loadavg_1m']} at start"
+        ]
+        header = (
+            "config",
+            "mode",
+            "load",
+            "ok/sent",
+            "req/s",
+            "texts/s",
+            "tok/s",
+            "p50 ms",
+            "p90 ms",
+            "p99 ms",
+            "vs ST",
+        )
+        rows = [header]
+        for r in self.runs:
+            s, lat = r.stats, r.stats.latency_ms
+            rows.append(
+                (
+                    r.config,
+                    r.mode,
+                    r.load,
+                    f"{s.ok}/{s.requests}",
+                    f"{s.requests_per_s:.1f}",
+                    f"{s.texts_per_s:.1f}",
+                    f"{s.tokens_per_s:.0f}",
+                    f"{lat['p50']:.1f}",
+                    f"{lat['p90']:.1f}",
+                    f"{lat['p99']:.1f}",
+                    f"{self.ratio(r):.2f}x",
+                )
+            )
+        if self.baseline is not None:
+            b = self.baseline
+            for size, m in b.by_batch_size.items():
+                rows.append(
+                    (
+                        f"sentence-transformers encode, {b.threads} threads",
+                        "in-process",
+                        f"batch {size}",
+                        f"{b.texts} texts",
+                        "",
+                        f"{m['texts_per_s']:.1f}",
+                        f"{m['tokens_per_s']:.0f}",
+                        "",
+                        "",
+                        "",
+                        "",
+                    )
+                )
+        widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+        for row in rows:
+            lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+        for r in self.runs:
+            if r.stats.errors:
+                lines.append(f"errors in {r.config} {r.mode}: {r.stats.errors}")
+        return "\n".join(lines)

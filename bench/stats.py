@@ -1,0 +1,112 @@
+"""The report math: per-request samples in, rates and latency percentiles out; arrival schedules.
+
+Pure functions without I/O so that they are unit-tested (``tests/unit/bench``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One request as the load generator saw it."""
+
+    start_s: float  # when it was due (open loop: scheduled time), perf_counter seconds
+    latency_s: float  # from start_s to the last byte of the response
+    status: str  # HTTP status ("200", "429", ...) or the client-side failure ("timeout", ...)
+    texts: int  # inputs in the request
+    tokens: int = 0  # usage.prompt_tokens of a 200 answer, else 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "200"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) by linear interpolation between closest ranks.
+
+    The same definition as ``numpy.percentile``'s default; NaN for no values.
+    """
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be within 0..100, not {q}")
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def poisson_schedule(
+    rate: float, *, duration_s: float | None = None, count: int | None = None, seed: int = 0
+) -> list[float]:
+    """Arrival offsets (seconds from the start) of a Poisson process of ``rate`` per second.
+
+    Exponential gaps of mean ``1 / rate``, seeded so that a run is reproducible; stops at
+    ``count`` arrivals or at the last arrival before ``duration_s`` (give one of the two).
+    """
+    if rate <= 0:
+        raise ValueError(f"rate must be positive, not {rate}")
+    if (duration_s is None) == (count is None):
+        raise ValueError("give exactly one of duration_s and count")
+    rng = random.Random(seed)
+    offsets: list[float] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if count is not None and len(offsets) >= count:
+            return offsets
+        if duration_s is not None and t >= duration_s:
+            return offsets
+        offsets.append(t)
+
+
+@dataclass
+class RunStats:
+    """What one load run delivered, in the units of the report."""
+
+    requests: int
+    ok: int
+    errors: dict[str, int]
+    elapsed_s: float
+    requests_per_s: float
+    texts_per_s: float
+    tokens_per_s: float
+    tokens: int
+    latency_ms: dict[str, float]  # p50, p90, p99, mean, max over successful requests
+
+    def as_dict(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+def summarize(samples: Iterable[Sample], elapsed_s: float) -> RunStats:
+    """Rates over ``elapsed_s`` (the measured window) count successful requests only."""
+    samples = list(samples)
+    if elapsed_s <= 0:
+        raise ValueError(f"elapsed_s must be positive, not {elapsed_s}")
+    ok = [s for s in samples if s.ok]
+    errors = Counter(s.status for s in samples if not s.ok)
+    latencies = [s.latency_s * 1000 for s in ok]
+    latency = {f"p{q}": percentile(latencies, q) for q in PERCENTILES}
+    latency["mean"] = sum(latencies) / len(latencies) if latencies else math.nan
+    latency["max"] = max(latencies) if latencies else math.nan
+    tokens = sum(s.tokens for s in ok)
+    return RunStats(
+        requests=len(samples),
+        ok=len(ok),
+        errors=dict(sorted(errors.items())),
+        elapsed_s=elapsed_s,
+        requests_per_s=len(ok) / elapsed_s,
+        texts_per_s=sum(s.texts for s in ok) / elapsed_s,
+        tokens_per_s=tokens / elapsed_s,
+        tokens=tokens,
+        latency_ms=latency,
+    )

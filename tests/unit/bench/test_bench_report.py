@@ -1,0 +1,71 @@
+"""mesh-bench's workload bodies and its report (table and JSON)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bench.baseline import BaselineResult
+from bench.corpus import load_texts, request_bodies
+from bench.report import Report, Run
+from bench.stats import Sample, summarize
+
+
+def test_request_bodies_group_texts_and_keep_a_single_text_a_string() -> None:
+    bodies = request_bodies(["a", "b", "c"], "m", 2, "base64")
+    assert [n for _, n in bodies] == [2, 1]
+    first, last = (orjson.loads(b) for b, _ in bodies)
+    assert first == {"model": "m", "input": ["a", "b"], "encoding_format": "base64"}
+    assert last["input"] == "c"
+
+
+def test_load_texts_filters_by_kind_and_names_a_missing_file(tmp_path: Path) -> None:
+    corpus = tmp_path / "c.jsonl"
+    rows = [{"text": "q1", "kind": "query"}, {"text": "p1", "kind": "passage"}]
+    corpus.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    assert load_texts(corpus) == ["q1", "p1"]
+    assert load_texts(corpus, kind="query") == ["q1"]
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_texts(tmp_path / "nope.jsonl")
+
+
+def _report() -> Report:
+    baseline = BaselineResult(
+        "model",
+        100,
+        12_000,
+        2,
+        {
+            8: {"seconds": 3.0, "tokens_per_s": 4000.0, "texts_per_s": 33.3},
+            32: {"seconds": 4.0, "tokens_per_s": 3000.0, "texts_per_s": 25.0},
+        },
+    )
+    samples = [Sample(0.0, 0.02, "200", 1, 100)] * 50 + [Sample(0.0, 0.001, "429", 1)]
+    report = Report(args={"mode": ["closed"]}, baseline=baseline)
+    report.runs.append(Run("--workers 1", "closed", "4 clients x1", summarize(samples, 1.0)))
+    return report
+
+
+def test_the_ratio_compares_with_the_best_baseline_batch_size() -> None:
+    report = _report()
+    assert report.baseline is not None and report.baseline.best["batch_size"] == 8
+    assert report.ratio(report.runs[0]) == pytest.approx(5000 / 4000)
+
+
+def test_table_shows_each_run_the_baseline_and_the_errors() -> None:
+    table = _report().table()
+    assert "--workers 1" in table and "1.25x" in table and "5000" in table
+    assert "batch 8" in table and "batch 32" in table
+    assert "{'429': 1}" in table
+
+
+def test_json_report_carries_machine_baseline_and_runs() -> None:
+    data = json.loads(_report().as_json())
+    assert data["machine"]["nproc"] >= 1
+    assert data["baseline"]["best"]["tokens_per_s"] == 4000.0
+    run = data["runs"][0]
+    assert run["tokens_per_s"] == 5000.0 and run["errors"] == {"429": 1}
+    assert set(run["latency_ms"]) == {"p50", "p90", "p99", "mean", "max"}

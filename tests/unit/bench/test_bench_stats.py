@@ -1,0 +1,106 @@
+"""The report math of mesh-bench: percentiles, rates, and the seeded Poisson schedule."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench.stats import Sample, percentile, poisson_schedule, summarize
+
+
+def test_percentile_interpolates_between_closest_ranks() -> None:
+    values = [15.0, 20.0, 35.0, 40.0, 50.0]
+    assert percentile(values, 0) == 15.0
+    assert percentile(values, 50) == 35.0
+    assert percentile(values, 100) == 50.0
+    assert percentile(values, 90) == pytest.approx(46.0)  # 40 + 0.6 * (50 - 40)
+
+
+def test_percentile_of_one_value_is_that_value_and_of_none_is_nan() -> None:
+    assert percentile([7.0], 99) == 7.0
+    assert math.isnan(percentile([], 50))
+
+
+def test_percentile_ignores_input_order() -> None:
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+
+
+def test_percentile_outside_0_to_100_is_refused() -> None:
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+@given(
+    st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=200),
+    st.floats(0, 100),
+)
+def test_percentile_agrees_with_numpy(values: list[float], q: float) -> None:
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), abs=1e-6)
+
+
+def test_poisson_schedule_is_reproducible_for_a_seed_and_differs_across_seeds() -> None:
+    a = poisson_schedule(50, count=100, seed=3)
+    assert a == poisson_schedule(50, count=100, seed=3)
+    assert a != poisson_schedule(50, count=100, seed=4)
+
+
+def test_poisson_schedule_gaps_are_exponential_with_mean_one_over_rate() -> None:
+    offsets = poisson_schedule(200, count=20_000, seed=0)
+    gaps = np.diff([0.0, *offsets])
+    assert len(offsets) == 20_000
+    assert (gaps > 0).all()
+    assert gaps.mean() == pytest.approx(1 / 200, rel=0.03)
+    # For an exponential distribution the standard deviation equals the mean.
+    assert gaps.std() == pytest.approx(1 / 200, rel=0.05)
+
+
+def test_poisson_schedule_by_duration_stays_inside_it_with_about_rate_times_duration() -> None:
+    offsets = poisson_schedule(100, duration_s=60, seed=1)
+    assert offsets == sorted(offsets)
+    assert offsets[0] > 0 and offsets[-1] < 60
+    assert len(offsets) == pytest.approx(6000, rel=0.05)
+
+
+def test_poisson_schedule_needs_exactly_one_bound_and_a_positive_rate() -> None:
+    with pytest.raises(ValueError):
+        poisson_schedule(10)
+    with pytest.raises(ValueError):
+        poisson_schedule(10, count=5, duration_s=1)
+    with pytest.raises(ValueError):
+        poisson_schedule(0, count=5)
+
+
+def _sample(latency_ms: float, status: str = "200", texts: int = 1, tokens: int = 10) -> Sample:
+    return Sample(0.0, latency_ms / 1000, status, texts, tokens if status == "200" else 0)
+
+
+def test_summarize_counts_rates_over_successes_and_errors_by_status() -> None:
+    samples = [_sample(ms, texts=2, tokens=30) for ms in (10, 20, 30, 40)]
+    samples += [_sample(5, "429"), _sample(5, "429"), _sample(900, "timeout")]
+    stats = summarize(samples, elapsed_s=2.0)
+    assert (stats.requests, stats.ok) == (7, 4)
+    assert stats.errors == {"429": 2, "timeout": 1}
+    assert stats.requests_per_s == 2.0
+    assert stats.texts_per_s == 4.0
+    assert stats.tokens == 120 and stats.tokens_per_s == 60.0
+    # Latency percentiles describe answered requests only: fast refusals must not flatter them.
+    assert stats.latency_ms["p50"] == pytest.approx(25.0)
+    assert stats.latency_ms["p99"] == pytest.approx(39.7)
+    assert stats.latency_ms["mean"] == pytest.approx(statistics.mean([10, 20, 30, 40]))
+    assert stats.latency_ms["max"] == pytest.approx(40.0)
+
+
+def test_summarize_with_no_success_reports_nan_latency_and_zero_rates() -> None:
+    stats = summarize([_sample(3, "503")], elapsed_s=1.0)
+    assert stats.ok == 0 and stats.tokens_per_s == 0.0
+    assert math.isnan(stats.latency_ms["p50"])
+
+
+def test_summarize_needs_a_positive_window() -> None:
+    with pytest.raises(ValueError):
+        summarize([], elapsed_s=0)
