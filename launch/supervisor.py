@@ -1,0 +1,366 @@
+"""``mesh-launch --role all``: one whole mesh on this host, each role in its own process.
+
+The supervisor starts a broker, ``--workers`` workers and one ingress as children
+(``python -m launch.cli --role ...``), joined by ``ipc://`` endpoints in a private temp dir
+(loopback TCP where ipc is missing). It waits until ``GET /health`` answers 200 and every
+worker has registered with the broker, prints one line with the URL on stdout, then watches:
+
+- SIGINT / SIGTERM: stop the children (ingress, then workers, then broker; SIGTERM, then
+  SIGKILL after a grace) and exit 0;
+- a child that exits on its own, during start-up or later: name it, print the tail of its
+  output, stop the rest and exit 1.
+
+Children's output is forwarded to our stderr, each line prefixed with the child's name, and
+its last lines are kept for those messages. Children run in their own session (a terminal's
+Ctrl-C reaches only us, so the shutdown keeps its order) and die with us if we are killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+START_TIMEOUT_S = 120.0  # model load on a slow CPU plus imports; a GPU start is faster
+STOP_GRACE_S = 5.0  # per stage (ingress, workers, broker) before SIGKILL
+POLL_S = 0.2
+TAIL_LINES = 12  # lines of a failed child's output shown to the user
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+@dataclass
+class Child:
+    """One role process, its output pump and the tail of what it printed."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=200))
+    pump: threading.Thread | None = None
+
+    def last_line(self) -> str:
+        """What it printed last: for a crash, the exception and its message."""
+        return next((line.strip() for line in reversed(self.tail) if line.strip()), "no output")
+
+    def tail_text(self, lines: int = TAIL_LINES) -> str:
+        shown = [line for line in self.tail if line.strip()][-lines:]
+        return "\n".join(f"  | {line}" for line in shown) or "  | (no output)"
+
+
+class RoleFailed(Exception):
+    """A child exited on its own, or the mesh did not come up in time."""
+
+
+def run_all(opts: dict[str, Any]) -> int:
+    """Run a whole mesh until a signal (exit 0) or a role's failure (exit 1)."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    tmp = Path(tempfile.mkdtemp(prefix="embedmesh-"))
+    children: list[Child] = []
+    try:
+        frontend, backend = _endpoints(tmp)
+        children = _spawn_all(opts, frontend, backend)
+        url, model = asyncio.run(_wait_ready(opts, frontend, children, stop))
+        if not stop.is_set():
+            workers = int(opts["workers"])
+            plural = "" if workers == 1 else "s"
+            print(
+                f"embedmesh serving {model} at {url} ({workers} worker{plural}, {_device(opts)})",
+                flush=True,
+            )
+        while not stop.wait(POLL_S):
+            _check_alive(children, "while serving")
+        return 0
+    except RoleFailed as exc:
+        print(f"embedmesh: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        _stop_all(children)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---- building the children ------------------------------------------------------------------
+
+
+def _endpoints(tmp: Path) -> tuple[str, str]:
+    """Broker frontend and backend: ipc in our temp dir, else two free loopback ports."""
+    if zmq.has("ipc"):
+        return f"ipc://{tmp}/front", f"ipc://{tmp}/back"
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    return f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}"
+
+
+def _flags(opts: dict[str, Any], *names: str) -> list[str]:
+    """``--name value`` for each option that is set (``--name`` alone for a true flag)."""
+    out: list[str] = []
+    for name in names:
+        value = opts.get(name)
+        if value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        out += [flag] if value is True else [flag, str(value)]
+    return out
+
+
+def _common(opts: dict[str, Any]) -> list[str]:
+    return _flags(opts, "heartbeat_interval", "heartbeat_liveness", "log_level")
+
+
+def worker_threads(opts: dict[str, Any]) -> int | None:
+    """torch threads per worker: as given, else on CPU the cores split evenly between workers."""
+    if opts.get("threads") is not None:
+        return int(opts["threads"])
+    if _device(opts) != "cpu":
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // max(1, int(opts["workers"])))
+
+
+def _device(opts: dict[str, Any]) -> str:
+    return f"cuda:{opts['gpu']}" if opts.get("gpu") is not None else str(opts["device"])
+
+
+def role_commands(opts: dict[str, Any], frontend: str, backend: str) -> dict[str, list[str]]:
+    """The ``launch.cli`` arguments of every child, by child name."""
+    broker = [
+        "--role",
+        "broker",
+        "--frontend",
+        frontend,
+        "--backend",
+        backend,
+        *_flags(opts, "max_queued_tokens", "batch_timeout", "max_attempts", "aging"),
+    ]
+    commands = {"broker": broker}
+    workers = int(opts["workers"])
+    if workers < 1:
+        raise RoleFailed(f"--workers must be at least 1, not {workers}")
+    threads = worker_threads(opts)
+    for i in range(workers):
+        device = ["--device", _device(opts)]
+        if opts.get("device") == "cuda" and opts.get("gpu") is None and workers > 1:
+            device = ["--gpu", str(i)]  # one GPU per worker
+        commands[f"worker-{i}"] = [
+            "--role",
+            "worker",
+            "--broker",
+            backend,
+            *device,
+            *_flags(
+                opts,
+                "model",
+                "served_name",
+                "dtype",
+                "credits",
+                "max_batch_tokens",
+                "max_batch_requests",
+            ),
+            *(["--threads", str(threads)] if threads is not None else []),
+        ]
+    commands["ingress"] = [
+        "--role",
+        "ingress",
+        "--broker",
+        frontend,
+        *_flags(
+            opts,
+            "http_host",
+            "http_port",
+            "api_key",
+            "auto_truncate",
+            "max_body_bytes",
+            "max_inputs",
+            "tokenizer_threads",
+            "request_timeout",
+        ),
+    ]
+    return {name: [*args, *_common(opts)] for name, args in commands.items()}
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the supervisor dies, even by SIGKILL."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _spawn_all(opts: dict[str, Any], frontend: str, backend: str) -> list[Child]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    children = []
+    # Every child is forked before any pump thread exists: fork and preexec_fn are only
+    # safe in a single-threaded parent. Pipes buffer what they print meanwhile.
+    for name, args in role_commands(opts, frontend, backend).items():
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "launch.cli", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+        children.append(Child(name, proc))
+    for child in children:
+        child.pump = threading.Thread(target=_pump, args=(child,), daemon=True)
+        child.pump.start()
+    return children
+
+
+_stderr_lock = threading.Lock()
+
+
+def _pump(child: Child) -> None:
+    """Copy a child's output to our stderr, prefixed with its name; keep the tail."""
+    assert child.proc.stdout is not None
+    prefix = f"{child.name:<9}| ".encode()
+    for raw in iter(child.proc.stdout.readline, b""):
+        child.tail.append(raw.decode(errors="replace").rstrip())
+        with _stderr_lock, contextlib.suppress(OSError, ValueError):
+            sys.stderr.buffer.write(prefix + raw)
+            sys.stderr.buffer.flush()
+
+
+# ---- start-up and watching ------------------------------------------------------------------
+
+
+def _check_alive(children: list[Child], when: str) -> None:
+    for child in children:
+        code = child.proc.poll()
+        if code is not None:
+            if child.pump is not None:
+                child.pump.join(timeout=2)  # let the last lines in
+            how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+            raise RoleFailed(
+                f"the {child.name} process {how} {when}: {child.last_line()}\n"
+                f"Last lines of its output:\n{child.tail_text()}"
+            )
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _probe_host(host: str) -> str:
+    """Where to reach an HTTP server bound on ``host`` (a wildcard means this host)."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+async def _wait_ready(
+    opts: dict[str, Any], frontend: str, children: list[Child], stop: threading.Event
+) -> tuple[str, str]:
+    """Until /health is 200 and every worker registered; returns (URL of /v1, model name)."""
+    import aiohttp
+
+    from mesh.client import MeshClient
+    from mesh.config import Liveness
+
+    # Our catalog probe's "broker reachable" lines would read as if a fifth role spoke.
+    logging.getLogger("embedmesh.client").setLevel(logging.WARNING)
+
+    base = f"http://{_probe_host(str(opts['http_host']))}:{opts['http_port']}"
+    headers = {"Authorization": f"Bearer {opts['api_key']}"} if opts.get("api_key") else {}
+    want = int(opts["workers"])
+    liveness = Liveness(float(opts["heartbeat_interval"]), int(opts["heartbeat_liveness"]))
+    health, registered = "no answer yet", 0
+    deadline = time.monotonic() + START_TIMEOUT_S
+    timeout = aiohttp.ClientTimeout(total=2)
+    async with (
+        aiohttp.ClientSession(timeout=timeout, headers=headers) as http,
+        MeshClient(frontend, liveness=liveness) as mesh,
+    ):
+        while not stop.is_set():
+            _check_alive(children, "during start-up")
+            registered = sum(m.workers for m in mesh.models())
+            health = await _get_status(http, f"{base}/health")
+            if health == "200" and registered >= want:
+                return f"{base}/v1", await _served_model(http, base, opts)
+            if time.monotonic() > deadline:
+                raise RoleFailed(
+                    f"the mesh was not ready within {START_TIMEOUT_S:.0f}s (GET /health: "
+                    f"{health}; workers registered: {registered} of {want}).\n"
+                    + "\n".join(f"{c.name}:\n{c.tail_text(8)}" for c in children)
+                )
+            await asyncio.sleep(POLL_S)
+    return f"{base}/v1", ""
+
+
+async def _get_status(http: Any, url: str) -> str:
+    import aiohttp
+
+    try:
+        async with http.get(url) as resp:
+            return str(resp.status)
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        return type(exc).__name__
+
+
+async def _served_model(http: Any, base: str, opts: dict[str, Any]) -> str:
+    """The served model's name from /v1/models (fallbacks: --served-name, the dir name)."""
+    with contextlib.suppress(Exception):
+        async with http.get(f"{base}/v1/models") as resp:
+            names = [m["id"] for m in (await resp.json())["data"]]
+            if names:
+                return ", ".join(names)
+    if opts.get("served_name"):
+        return str(opts["served_name"])
+    return Path(str(opts["model"])).name if opts.get("model") else "the default model"
+
+
+# ---- stopping -------------------------------------------------------------------------------
+
+
+def _stop_all(children: list[Child]) -> None:
+    """Ingress first (no new requests), then workers, then the broker; SIGKILL after a grace."""
+    stages = [
+        [c for c in children if c.name == "ingress"],
+        [c for c in children if c.name.startswith("worker")],
+        [c for c in children if c.name == "broker"],
+    ]
+    for stage in stages:
+        for child in stage:
+            if child.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for child in stage:
+            try:
+                child.proc.wait(max(0.01, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(
+                    f"embedmesh: {child.name} did not stop in {STOP_GRACE_S:.0f}s; killing it",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                child.proc.kill()
+                child.proc.wait()
+    for child in children:
+        if child.pump is not None:
+            child.pump.join(timeout=2)
