@@ -1,0 +1,353 @@
+"""The broker's batching queue: pure, synchronous, the one owner of work waiting for a worker.
+
+Items are sequences (a request of 100 texts is 100 items and may span batches), stored as spans
+of one request's consecutive sequence indices ``[start, end)``. Each request keeps the prefix sums
+of its token lengths, so cutting a span at a token budget is one binary search, never a loop over
+sequences: the broker of a GPU host forms tens of thousands of sequences a second in Python.
+
+Per model there are two lanes, INTERACTIVE and BATCH, each strictly first come first served.
+Time never comes from a clock here: every method that needs it takes ``now``, so tests are exact.
+
+A request is live from ``submit`` until it ends: completed, cancelled, expired, refused (head
+longer than a whole batch), failed (a batch gave up) or drained (its model lost every worker).
+Ending forgets it at once with its queued tokens; its spans still in a lane are dropped when they
+reach the head. The caller answers the client once for each ending this module reports.
+"""
+
+from __future__ import annotations
+
+import itertools
+from bisect import bisect_right
+from collections import deque
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import NamedTuple
+
+import numpy as np
+
+from mesh import errors
+from mesh.broker.inflight import RequestTable
+from mesh.config import AGING_S
+
+RequestKey = tuple[bytes, int]  # (ingress peer identity, correlation id)
+
+RATE_WINDOW_S = 1.0  # period over which the drain rate behind Retry-After is measured; 0.5..5
+RETRY_AFTER_DEFAULT_S = 1.0  # Retry-After before any batch of the model was formed
+RETRY_AFTER_MAX_S = 30.0  # a longer wait is better told as "try another broker"; 10..120
+COMPACT_AFTER = 1024  # ended spans a lane holds before it is rebuilt without them
+
+
+class Lane(IntEnum):
+    INTERACTIVE = 0
+    BATCH = 1
+
+
+class Overloaded(errors.Overloaded):
+    """Admission refused: the model's queued tokens would pass ``max_queued_tokens``."""
+
+    def __init__(self, model: str, retry_after_s: float) -> None:
+        super().__init__(f"model {model!r} is overloaded", retry_after_s=retry_after_s)
+
+
+class RequestTooLarge(errors.TooLarge):
+    """The request alone holds more tokens than a model may queue: no retry can admit it."""
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One client request of ``len(lengths)`` sequences; ``payload`` is opaque to the queue."""
+
+    key: RequestKey
+    model: str
+    lane: Lane
+    lengths: np.ndarray  # int32 tokens per sequence, each >= 1
+    deadline: float | None  # absolute, on the clock of ``now``
+    submitted_at: float
+    payload: object = None
+    # Bookkeeping owned by Queue and its RequestTable, never set by the caller. The prefix sums are a
+    # Python list because ``bisect`` on it costs a tenth of ``np.searchsorted`` on tiny spans.
+    offsets: list[int] = field(init=False, repr=False)  # offsets[i] = sum(lengths[:i])
+    live: bool = field(init=False, default=False)
+    outstanding: int = field(init=False, default=0)  # sequences not completed yet
+    queued_tokens: int = field(init=False, default=0)
+    queued_sequences: int = field(init=False, default=0)
+    queued_spans: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.lengths = np.asarray(self.lengths, dtype=np.int32)
+        # Plain Python from here: numpy's per-call cost dominates for the usual short request.
+        values = self.lengths.tolist()
+        if self.lengths.ndim != 1 or not values or min(values) < 1:
+            raise ValueError("a request needs at least one sequence, each of >= 1 token")
+        self.lane = Lane(self.lane)
+        self.offsets = list(itertools.accumulate(values, initial=0))
+
+    @property
+    def n_sequences(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def total_tokens(self) -> int:
+        return self.offsets[-1]
+
+
+class Slice(NamedTuple):
+    """Sequences ``[start, end)`` of one request: a queued span, or one part of a batch."""
+
+    request: Request
+    start: int
+    end: int
+    attempt: int  # dispatches of these sequences so far (0 while never sent)
+
+    @property
+    def tokens(self) -> int:
+        return self.request.offsets[self.end] - self.request.offsets[self.start]
+
+
+@dataclass(slots=True)
+class FormedBatch:
+    """What one ``form_batch`` call decided; the caller answers ``expired`` and ``refused``."""
+
+    slices: list[Slice] = field(default_factory=list)  # batch order; attempt counts this dispatch
+    expired: list[Request] = field(default_factory=list)  # deadline passed: answer DEADLINE
+    refused: list[Request] = field(default_factory=list)  # head alone over budget: TOO_LARGE
+    tokens: int = 0
+    sequences: int = 0
+
+
+class _ModelQueue:
+    __slots__ = ("lanes", "tokens", "sequences", "dead_spans", "rate", "window")
+
+    def __init__(self) -> None:
+        self.lanes: tuple[deque[Slice], deque[Slice]] = (deque(), deque())
+        self.tokens = [0, 0]  # live queued tokens per lane
+        self.sequences = [0, 0]
+        self.dead_spans = [0, 0]  # spans of ended requests still waiting to reach a head
+        self.rate = 0.0  # tokens dispatched per second, measured over the last window
+        self.window: tuple[float, int] | None = None  # (start, tokens dispatched since)
+
+    def note_dispatch(self, tokens: int, now: float) -> None:
+        start, dispatched = self.window or (now, 0)
+        if now - start >= RATE_WINDOW_S:
+            self.rate = dispatched / (now - start)
+            start, dispatched = now, 0
+        self.window = (start, dispatched + tokens)
+
+    def retry_after(self, excess_tokens: int) -> float:
+        if self.rate <= 0.0:
+            return RETRY_AFTER_DEFAULT_S
+        return min(RETRY_AFTER_MAX_S, max(0.1, excess_tokens / self.rate))
+
+
+class Queue:
+    """Per model and lane FCFS queues of sequences, cut into batches at dispatch time."""
+
+    def __init__(self, max_queued_tokens: int, aging_s: float = AGING_S) -> None:
+        self.max_queued_tokens = max_queued_tokens  # per model; requeued work may exceed it
+        self.aging_s = aging_s
+        self.requests = RequestTable()
+        self._models: dict[str, _ModelQueue] = {}
+
+    def submit(self, request: Request, now: float) -> None:
+        """Admit a request at the tail of its lane, or raise Overloaded / RequestTooLarge."""
+        if request.key in self.requests:
+            raise ValueError(f"duplicate request key {request.key!r}")
+        total = request.total_tokens
+        if total > self.max_queued_tokens:
+            raise RequestTooLarge(f"{total} tokens; at most {self.max_queued_tokens} may queue")
+        mq = self._models.get(request.model)
+        if mq is None:
+            mq = self._models[request.model] = _ModelQueue()
+        excess = sum(mq.tokens) + total - self.max_queued_tokens
+        if excess > 0:
+            raise Overloaded(request.model, mq.retry_after(excess))
+        self.requests.add(request)
+        mq.lanes[request.lane].append(Slice(request, 0, request.n_sequences, 0))
+        self._count(mq, request, request.n_sequences, total, 1)
+
+    def cancel(self, key: RequestKey) -> bool:
+        """End a live request at the client's wish; False if it already ended or never was."""
+        request = self.requests.get(key)
+        if request is None:
+            return False
+        self._end(request)
+        return True
+
+    def fail_request(self, request: Request) -> bool:
+        """End a request one of whose batches failed for good; False if it had already ended."""
+        if not request.live:
+            return False
+        self._end(request)
+        return True
+
+    def complete(self, request: Request, n: int) -> bool:
+        """Count ``n`` dispatched sequences of ``request`` done; True when it is complete.
+
+        Takes the Request of the returned slice, not its key, so a late result of an ended
+        request can never count toward a new request that reuses the key.
+        """
+        if request.live and n > request.outstanding - request.queued_sequences:
+            raise ValueError(f"{n} sequences completed but fewer are in flight")
+        return self.requests.complete(request, n)
+
+    def expire(self, now: float) -> list[Request]:
+        """End every live request whose deadline passed, queued or in flight; answer each."""
+        expired = self.requests.past_deadline(now)
+        for request in expired:
+            self._end(request)
+        return expired
+
+    def drain_model(self, model: str) -> list[Request]:
+        """End every live request with queued work on ``model`` (its last worker is gone)."""
+        mq = self._models.get(model)
+        if mq is None:
+            return []
+        drained = [span.request for queue in mq.lanes for span in queue if span.request.live]
+        drained = list(dict.fromkeys(drained))  # a request may hold several spans
+        for request in drained:
+            self._end(request)
+        for lane in Lane:
+            mq.lanes[lane].clear()
+            mq.dead_spans[lane] = 0
+        return drained
+
+    def requeue_front(self, slices: list[Slice]) -> None:
+        """Put a failed batch's slices back at the head of their lanes, in their order.
+
+        For several batches, pass their slices concatenated oldest dispatch first. Slices of
+        ended requests are dropped; the attempt count travels with each slice.
+        """
+        for piece in reversed(slices):
+            request = piece.request
+            if request.live:
+                mq = self._models[request.model]
+                mq.lanes[request.lane].appendleft(piece)
+                self._count(mq, request, piece.end - piece.start, piece.tokens, 1)
+
+    def form_batch(
+        self, model: str, max_batch_tokens: int, max_batch_requests: int, now: float
+    ) -> FormedBatch | None:
+        """Cut the next batch for a worker of ``model``; None when there is nothing to report.
+
+        Interactive work first, then the batch lane fills what is left. A batch-lane head that
+        has waited ``aging_s`` goes first instead, but takes at most half the budget while
+        interactive work waits, so that neither lane can starve the other.
+        """
+        if max_batch_tokens < 1 or max_batch_requests < 1:
+            raise ValueError("a batch budget needs at least one token and one sequence")
+        mq = self._models.get(model)
+        if mq is None:
+            return None
+        batch = FormedBatch()
+        head = self._head(mq, Lane.BATCH, now, batch)
+        aged = head is not None and now - head.request.submitted_at >= self.aging_s
+        if aged and self._head(mq, Lane.INTERACTIVE, now, batch) is not None:
+            half = (max_batch_tokens // 2, max(1, max_batch_requests // 2))
+            self._take(mq, Lane.BATCH, *half, max_batch_tokens, now, batch)
+        for lane in Lane:
+            self._take(mq, lane, max_batch_tokens, max_batch_requests, max_batch_tokens, now, batch)
+        if batch.tokens:
+            mq.note_dispatch(batch.tokens, now)
+        return batch if batch.slices or batch.expired or batch.refused else None
+
+    def _take(
+        self,
+        mq: _ModelQueue,
+        lane: Lane,
+        max_tokens: int,
+        max_sequences: int,
+        budget: int,
+        now: float,
+        batch: FormedBatch,
+    ) -> None:
+        """Move sequences from the head of ``lane`` into ``batch`` until one does not fit."""
+        queue = mq.lanes[lane]
+        while batch.sequences < max_sequences:
+            span = self._head(mq, lane, now, batch)
+            if span is None:
+                return
+            request, start, end, attempt = span
+            offsets = request.offsets
+            base = offsets[start]
+            # The largest stop with offsets[stop] - base <= room, within the sequence cap.
+            last = min(end, start + max_sequences - batch.sequences)
+            stop = bisect_right(offsets, base + max_tokens - batch.tokens, start, last + 1) - 1
+            if stop <= start:
+                if batch.sequences:
+                    return  # strict FCFS: the head waits for the next batch, nothing skips it
+                if offsets[start + 1] - base > budget:
+                    self._end(request)  # it would stall the lane forever
+                    batch.refused.append(request)
+                    continue
+                stop = start + 1  # a reduced share still takes the head of an empty batch
+            tokens = offsets[stop] - base
+            batch.slices.append(Slice(request, start, stop, attempt + 1))
+            batch.tokens += tokens
+            batch.sequences += stop - start
+            if stop < end:
+                queue[0] = Slice(request, stop, end, attempt)
+                self._count(mq, request, start - stop, -tokens, 0)
+                return
+            queue.popleft()
+            self._count(mq, request, start - stop, -tokens, -1)
+
+    def _head(self, mq: _ModelQueue, lane: Lane, now: float, batch: FormedBatch) -> Slice | None:
+        """The live head span of ``lane``, after dropping ended and expiring what is overdue."""
+        queue = mq.lanes[lane]
+        while queue:
+            span = queue[0]
+            request = span.request
+            if not request.live:
+                queue.popleft()
+                mq.dead_spans[lane] -= 1
+            elif request.deadline is not None and request.deadline <= now:
+                self._end(request)
+                batch.expired.append(request)
+            else:
+                return span
+        return None
+
+    def _count(
+        self, mq: _ModelQueue, request: Request, sequences: int, tokens: int, spans: int
+    ) -> None:
+        request.queued_sequences += sequences
+        request.queued_tokens += tokens
+        request.queued_spans += spans
+        mq.sequences[request.lane] += sequences
+        mq.tokens[request.lane] += tokens
+
+    def _end(self, request: Request) -> None:
+        """Forget a request and its queued tokens now; its spans drop when they reach a head."""
+        self.requests.forget(request)
+        mq = self._models[request.model]
+        lane = request.lane
+        mq.dead_spans[lane] += request.queued_spans
+        self._count(mq, request, -request.queued_sequences, -request.queued_tokens, 0)
+        request.queued_spans = 0
+        queue = mq.lanes[lane]
+        if mq.dead_spans[lane] >= COMPACT_AFTER and 2 * mq.dead_spans[lane] > len(queue):
+            # Ended spans wait for a head, and a model without workers never serves one.
+            live = [span for span in queue if span.request.live]
+            queue.clear()
+            queue.extend(live)
+            mq.dead_spans[lane] = 0
+
+    def queued_tokens(self, model: str, lane: Lane | None = None) -> int:
+        mq = self._models.get(model)
+        if mq is None:
+            return 0
+        return sum(mq.tokens) if lane is None else mq.tokens[lane]
+
+    def queued_sequences(self, model: str, lane: Lane | None = None) -> int:
+        mq = self._models.get(model)
+        if mq is None:
+            return 0
+        return sum(mq.sequences) if lane is None else mq.sequences[lane]
+
+    def depth(self) -> int:
+        """Live queued sequences over all models."""
+        return sum(sum(mq.sequences) for mq in self._models.values())
+
+    def models(self) -> list[str]:
+        """Every model that ever had a request submitted."""
+        return list(self._models)
