@@ -63,7 +63,8 @@ class Report:
     host: dict[str, Any] = field(default_factory=machine)
 
     def ratio(self, run: Run) -> float:
-        if self.baseline is None:
+        """Tokens/s against the best baseline; NaN for a latency run (not a throughput)."""
+        if self.baseline is None or run.mode == "latency":
             return math.nan
         return run.stats.tokens_per_s / self.baseline.best["tokens_per_s"]
 
@@ -122,7 +123,7 @@ class Report:
                     f"{lat['p50']:.1f}",
                     f"{lat['p90']:.1f}",
                     f"{lat['p99']:.1f}",
-                    f"{self.ratio(r):.2f}x",
+                    "" if math.isnan(self.ratio(r)) else f"{self.ratio(r):.2f}x",
                 )
             )
         if self.baseline is not None:

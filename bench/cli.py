@@ -1,0 +1,178 @@
+"""``mesh-bench``: load the REST bridge from a corpus; report against sentence-transformers.
+
+    mesh-bench --url http://127.0.0.1:8000/v1 --mode closed --concurrency 16 --duration 30
+    mesh-bench --spawn '--workers 1 --threads 2' --spawn '--workers 2 --threads 1' \\
+               --mode closed --mode latency --json out.json
+
+Order within one invocation: the baseline first, alone (a separate process, finished before
+any mesh starts); then, per mesh configuration, the modes one after the other. With
+``--spawn`` each configuration is started by ``mesh-launch --role all`` (``--auto-truncate``
+on, as sentence-transformers truncates too) and stopped before the next. With ``--url`` the
+mesh must run with ``--auto-truncate`` or the corpus's long passages come back as 422.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import click
+
+from bench.baseline import DEFAULT_BATCH_SIZES, run_in_subprocess
+from bench.corpus import DEFAULT_CORPUS, load_texts, request_bodies
+from bench.load import Target, closed_loop, open_loop, sequential
+from bench.report import Report, Run
+from bench.spawn import SpawnedMesh
+from bench.stats import Sample, summarize
+
+LATENCY_WARMUP_REQUESTS = 20
+
+
+def _run(coro: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def _measure(mode: str, target: Target, o: dict[str, Any]) -> tuple[str, list[Sample], float]:
+    """Warm up, then measure one mode; returns its load label, samples and elapsed seconds."""
+    amount = {"count": o["requests"]} if o["requests"] else {"duration_s": o["duration"]}
+    if mode == "latency":
+        queries = load_texts(o["corpus"], kind="query")
+        bodies = request_bodies(queries, o["model_name"], 1, o["encoding_format"])
+        _run(sequential(target, bodies, LATENCY_WARMUP_REQUESTS))
+        samples, elapsed = _run(sequential(target, bodies, o["latency_requests"]))
+        return "sequential, 1 query", samples, elapsed
+    texts = load_texts(o["corpus"])
+    tpr = o["texts_per_request"]
+    bodies = request_bodies(texts, o["model_name"], tpr, o["encoding_format"])
+    if mode == "closed":
+        conc = o["concurrency"]
+        if o["warmup"] > 0:
+            _run(closed_loop(target, bodies, conc, duration_s=o["warmup"]))
+        samples, elapsed = _run(closed_loop(target, bodies, conc, **amount))
+        return f"{conc} clients x{tpr}", samples, elapsed
+    rate = o["rate"]
+    if not rate:
+        raise click.UsageError("--mode open needs --rate")
+    if o["warmup"] > 0:
+        _run(open_loop(target, bodies, rate, duration_s=o["warmup"], seed=o["seed"] + 1))
+    samples, elapsed = _run(open_loop(target, bodies, rate, seed=o["seed"], **amount))
+    return f"{rate:g}/s Poisson x{tpr}", samples, elapsed
+
+
+def _bench_config(report: Report, spawn_args: str | None, o: dict[str, Any]) -> None:
+    mesh = None
+    if spawn_args is not None:
+        mesh = SpawnedMesh(spawn_args)
+        click.echo(f"starting mesh-launch --role all {spawn_args}".rstrip(), err=True)
+        url = mesh.start()
+        click.echo(mesh.line, err=True)
+        label = spawn_args or "(defaults)"
+    else:
+        url, label = o["url"], o["url"]
+    target = Target(url, o["api_key"], o["timeout"])
+    try:
+        for mode in o["mode"]:
+            load, samples, elapsed = _measure(mode, target, o)
+            run = Run(label, mode, load, summarize(samples, elapsed))
+            report.runs.append(run)
+            s = run.stats
+            click.echo(
+                f"  {label} {mode} {load}: {s.requests_per_s:.1f} req/s, "
+                f"{s.tokens_per_s:.0f} tok/s, p50 {s.latency_ms['p50']:.1f} ms, "
+                f"errors {s.errors or 'none'}",
+                err=True,
+            )
+    finally:
+        if mesh is not None:
+            mesh.stop()
+
+
+@click.command(context_settings={"show_default": True})
+@click.option("--url", default="http://127.0.0.1:8000/v1", help="The REST bridge's /v1 URL.")
+@click.option(
+    "--spawn",
+    multiple=True,
+    metavar="MESH_LAUNCH_ARGS",
+    help="Start a mesh with 'mesh-launch --role all MESH_LAUNCH_ARGS' (e.g. "
+    "'--workers 2 --threads 1'; '' for defaults) instead of using --url; "
+    "repeat to compare configurations, each run alone.",
+)
+@click.option(
+    "--mode",
+    multiple=True,
+    default=["closed"],
+    type=click.Choice(["closed", "open", "latency"]),
+    help="closed: N clients back to back; open: Poisson arrivals at --rate; "
+    "latency: one short query at a time. Repeatable.",
+)
+@click.option(
+    "--corpus",
+    default=str(DEFAULT_CORPUS),
+    type=click.Path(exists=True, dir_okay=False),
+    help="JSON lines with a 'text' field (and 'kind': query|passage).",
+)
+@click.option("--model-name", default="all-MiniLM-L6-v2", help="'model' in each request.")
+@click.option("--concurrency", default=16, help="[closed] Concurrent clients.")
+@click.option("--rate", type=float, help="[open] Requests per second.")
+@click.option("--texts-per-request", default=1, help="[closed, open] Inputs per request.")
+@click.option("--duration", default=30.0, help="[closed, open] Seconds measured.")
+@click.option(
+    "--requests", type=int, help="[closed, open] Requests measured instead of --duration."
+)
+@click.option("--warmup", default=5.0, help="[closed, open] Seconds of load before measuring.")
+@click.option("--latency-requests", default=300, help="[latency] Queries measured.")
+@click.option("--encoding-format", default="float", type=click.Choice(["float", "base64"]))
+@click.option(
+    "--baseline/--no-baseline",
+    default=True,
+    help="Measure sentence-transformers encode in-process first.",
+)
+@click.option("--baseline-texts", default=1000, help="Corpus texts the baseline encodes.")
+@click.option(
+    "--baseline-batch-sizes",
+    default=",".join(map(str, DEFAULT_BATCH_SIZES)),
+    help="Batch sizes tried; the best counts.",
+)
+@click.option("--baseline-threads", type=int, help="torch threads (default: every core).")
+@click.option("--api-key", help="Bearer key, if the ingress wants one.")
+@click.option("--timeout", default=120.0, help="Seconds per request before it counts as failed.")
+@click.option("--seed", default=0, help="Seed of the Poisson schedule.")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the report as JSON here.",
+)
+def main(**o: Any) -> None:
+    """Benchmark an embedmesh REST bridge (see the module docstring for the run order)."""
+    report = Report(
+        args={k: (list(v) if isinstance(v, tuple) else v) for k, v in o.items() if k != "api_key"}
+        | {"json_path": str(o["json_path"])}
+    )
+    if o["baseline"]:
+        click.echo("baseline: sentence-transformers encode in-process ...", err=True)
+        sizes = tuple(int(b) for b in o["baseline_batch_sizes"].split(","))
+        report.baseline = run_in_subprocess(
+            o["corpus"], o["baseline_texts"], sizes, o["baseline_threads"]
+        )
+        best = report.baseline.best
+        click.echo(
+            f"  best: batch {best['batch_size']}, {best['tokens_per_s']:.0f} tok/s", err=True
+        )
+    for spawn_args in o["spawn"] or [None]:
+        _bench_config(report, spawn_args, o)
+    click.echo(report.table())
+    if o["json_path"]:
+        o["json_path"].write_bytes(report.as_json())
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
