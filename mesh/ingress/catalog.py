@@ -38,9 +38,12 @@ class Catalog:
         return served
 
     def resolve(self, name: str) -> ModelInfo:
-        """The served model called ``name`` (or with that alias); ModelNotFound if never seen,
-        Unavailable if seen but without a worker now."""
+        """The served model called ``name`` (or with that alias). Unavailable when no broker
+        answers (nothing can be said of the name then) or when the model was seen but has no
+        worker now; ModelNotFound otherwise."""
         self.refresh()
+        if not any(b.alive for b in self.client.brokers):
+            raise Unavailable("no broker is reachable; retry later")
         try:
             return self.client.resolve(name)
         except ModelNotFound:

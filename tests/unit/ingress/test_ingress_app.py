@@ -146,6 +146,12 @@ async def test_a_model_seen_before_but_without_workers_now_is_503(http: TestClie
     assert (await http.post("/v1/embeddings", json={"model": "nope", "input": "x"})).status == 404
 
 
+async def test_any_model_is_503_while_no_broker_answers(http: TestClient, fake) -> None:
+    fake.brokers[0].alive = False
+    resp = await http.post("/v1/embeddings", json={"model": "nope", "input": "x"})
+    assert resp.status == 503 and "no broker" in (await error_of(resp))["message"]
+
+
 async def test_text_over_the_token_limit_is_422(http: TestClient) -> None:
     resp = await http.post("/v1/embeddings", json={"model": "tiny", "input": "w " * 17})
     assert resp.status == 422
