@@ -186,7 +186,11 @@ class MeshClient:
     ) -> EmbedResult:
         """Embed already tokenized sequences (ids concatenated, offsets n+1)."""
         info = self.resolve(model)
-        token_ids = np.ascontiguousarray(token_ids, dtype=np.int32)
+        raw = np.asarray(token_ids)
+        # Before the int32 cast, which would wrap an id of 2**32 + 5 into the vocabulary.
+        if raw.size and (raw.min() < 0 or raw.max() >= info.vocab_size):
+            raise InvalidInput(f"token ids must be in 0..{info.vocab_size - 1}")
+        token_ids = np.ascontiguousarray(raw, dtype=np.int32)
         offsets = np.ascontiguousarray(offsets, dtype=np.int32)
         _check_tokens(token_ids, offsets, info)
         if kind not in OUTPUT_KINDS:
