@@ -133,7 +133,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.exception("unexpected error on %s %s", request.method, request.path)
         err = ApiError(500, "internal error; see the server log", "server_error", "internal_error")
     request.app[STATE].metrics.errors.labels(err.code or "unknown").inc()
-    if err.status >= 500:
+    if err.status == 502:  # the mesh failed on a request (503/504 are load and outages)
         log.warning("%s %s: %s", request.method, request.path, err)
     return error_response(err)
 
