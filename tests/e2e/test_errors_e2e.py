@@ -139,10 +139,11 @@ async def test_an_overloaded_broker_is_429_with_retry_after(
 ) -> None:
     async with MeshClient(e2e_mesh.frontend, liveness=TEST_LIVENESS) as stats:
         await stats.wait_ready(10, MODEL)
-        # One request that fills most of the queue; the worker needs minutes for it.
-        filler = asyncio.create_task(post(ingress.url, big_token_request(1100, seed=1)))
-        await wait_until(lambda: queued_sequences(stats) > 900, 60, "the filler is queued")
-        status, doc, headers = await post(ingress.url, big_token_request(100, seed=2))
+        # One request that fills most of the queue (294k of 300k tokens; the worker needs
+        # a minute for it), then one that cannot fit until ~60k tokens have drained.
+        filler = asyncio.create_task(post(ingress.url, big_token_request(1150, seed=1)))
+        await wait_until(lambda: queued_sequences(stats) > 1000, 60, "the filler is queued")
+        status, doc, headers = await post(ingress.url, big_token_request(250, seed=2))
         assert_error(status, doc, 429, "overloaded")
         assert int(headers["Retry-After"]) >= 1
         filler.cancel()  # hanging up cancels the filler's queued work

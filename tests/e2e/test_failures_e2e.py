@@ -43,7 +43,8 @@ async def test_sigterm_lets_in_flight_requests_finish_then_exits_cleanly(
     try:
         await asyncio.to_thread(ingress.wait_health)
         call = asyncio.create_task(post(ingress.url, big_token_request(16, seed=12)))
-        await asyncio.sleep(0.3)  # in flight: some seconds of work on a 2-core machine
+        await asyncio.sleep(0.3)
+        assert not call.done()  # 4096 tokens: about a second of work on 2 cores
         ingress.proc.terminate()
         status, doc = await call
         assert status == 200 and len(doc["data"]) == 16
