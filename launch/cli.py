@@ -21,65 +21,144 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
 
 
 @click.command(context_settings={"auto_envvar_prefix": "EMBEDMESH", "show_default": True})
-@click.option("--role", type=click.Choice(["broker", "worker", "ingress", "all"]), default="all",
-              help="Which part of the mesh this process runs (all: a whole mesh on this host).")
+@click.option(
+    "--role",
+    type=click.Choice(["broker", "worker", "ingress", "all"]),
+    default="all",
+    help="Which part of the mesh this process runs (all: a whole mesh on this host).",
+)
 # broker
-@click.option("--frontend", default=DEFAULT_FRONTEND, help="[broker] Endpoint ingresses connect to.")
+@click.option(
+    "--frontend", default=DEFAULT_FRONTEND, help="[broker] Endpoint ingresses connect to."
+)
 @click.option("--backend", default=DEFAULT_BACKEND, help="[broker] Endpoint workers connect to.")
-@click.option("--max-queued-tokens", type=int, default=config.MAX_QUEUED_TOKENS,
-              help="[broker] Queued tokens per model before requests get OVERLOADED (429).")
-@click.option("--batch-timeout", type=float, default=config.BATCH_TIMEOUT_S,
-              help="[broker] Seconds a batch may take before its worker counts as hung.")
-@click.option("--max-attempts", type=int, default=config.MAX_ATTEMPTS,
-              help="[broker] Dispatches of one input before it fails with WORKER_FAILED.")
-@click.option("--aging", type=float, default=config.AGING_S,
-              help="[broker] Seconds after which waiting batch-lane work goes first.")
+@click.option(
+    "--max-queued-tokens",
+    type=int,
+    default=config.MAX_QUEUED_TOKENS,
+    help="[broker] Queued tokens per model before requests get OVERLOADED (429).",
+)
+@click.option(
+    "--batch-timeout",
+    type=float,
+    default=config.BATCH_TIMEOUT_S,
+    help="[broker] Seconds a batch may take before its worker counts as hung.",
+)
+@click.option(
+    "--max-attempts",
+    type=int,
+    default=config.MAX_ATTEMPTS,
+    help="[broker] Dispatches of one input before it fails with WORKER_FAILED.",
+)
+@click.option(
+    "--aging",
+    type=float,
+    default=config.AGING_S,
+    help="[broker] Seconds after which waiting batch-lane work goes first.",
+)
 # worker / ingress
-@click.option("--broker", "broker_endpoints", multiple=True,
-              help="[worker] the broker backend (default tcp://127.0.0.1:5556); [ingress] broker "
-                   "frontend(s), repeatable (default tcp://127.0.0.1:5555).")
-@click.option("--model", type=click.Path(exists=True, file_okay=False),
-              help="[worker] Model directory in Hugging Face layout (default: the embedded "
-                   "all-MiniLM-L6-v2).")
-@click.option("--served-name", help="[worker] Name clients use for the model (default: from the "
-                                    "directory).")
+@click.option(
+    "--broker",
+    "broker_endpoints",
+    multiple=True,
+    help="[worker] the broker backend (default tcp://127.0.0.1:5556); [ingress] broker "
+    "frontend(s), repeatable (default tcp://127.0.0.1:5555).",
+)
+@click.option(
+    "--model",
+    type=click.Path(exists=True, file_okay=False),
+    help="[worker] Model directory in Hugging Face layout (default: the embedded "
+    "all-MiniLM-L6-v2).",
+)
+@click.option(
+    "--served-name", help="[worker] Name clients use for the model (default: from the directory)."
+)
 @click.option("--device", default="cpu", help="[worker] cpu, cuda or cuda:N.")
 @click.option("--gpu", type=int, help="[worker] CUDA device index; same as --device cuda:N.")
-@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
-              help="[worker] Weights and activations (default fp32 on CPU, bf16/fp16 on GPU).")
-@click.option("--credits", type=int, default=config.WORKER_CREDITS,
-              help="[worker] Batches in flight at once (2 = one running, one prefetched).")
-@click.option("--max-batch-tokens", type=int,
-              help="[worker] Token budget of one batch (default 8192 on CPU, more on GPU).")
-@click.option("--max-batch-requests", type=int, default=config.MAX_BATCH_REQUESTS,
-              help="[worker] Sequences in one batch at most.")
-@click.option("--threads", type=int, help="[worker] torch intra-op threads (default: one per core).")
-@click.option("--test-hang-after", type=int, hidden=True,
-              help="[worker] Test hook: the compute loop hangs after N batches.")
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "float16", "bfloat16"]),
+    help="[worker] Weights and activations (default fp32 on CPU, bf16/fp16 on GPU).",
+)
+@click.option(
+    "--credits",
+    type=int,
+    default=config.WORKER_CREDITS,
+    help="[worker] Batches in flight at once (2 = one running, one prefetched).",
+)
+@click.option(
+    "--max-batch-tokens",
+    type=int,
+    help="[worker] Token budget of one batch (default 8192 on CPU, more on GPU).",
+)
+@click.option(
+    "--max-batch-requests",
+    type=int,
+    default=config.MAX_BATCH_REQUESTS,
+    help="[worker] Sequences in one batch at most.",
+)
+@click.option(
+    "--threads", type=int, help="[worker] torch intra-op threads (default: one per core)."
+)
+@click.option(
+    "--test-hang-after",
+    type=int,
+    hidden=True,
+    help="[worker] Test hook: the compute loop hangs after N batches.",
+)
 # ingress
 @click.option("--http-host", default="127.0.0.1", help="[ingress, all] HTTP address to listen on.")
 @click.option("--http-port", type=int, default=8000, help="[ingress, all] HTTP port.")
 @click.option("--api-key", help="[ingress, all] Require 'Authorization: Bearer KEY' on /v1/*.")
-@click.option("--auto-truncate", is_flag=True,
-              help="[ingress, all] Cut over-long inputs at the model's limit instead of a 422.")
-@click.option("--max-body-bytes", type=int, default=16 << 20, help="[ingress] Largest request body.")
-@click.option("--max-inputs", type=int, default=2048, help="[ingress] Inputs in one request at most.")
-@click.option("--tokenizer-threads", type=int, default=4,
-              help="[ingress] Threads tokenizing off the event loop.")
-@click.option("--request-timeout", type=float, default=config.DEFAULT_REQUEST_TIMEOUT_S,
-              help="[ingress] Seconds before a request fails with 504.")
+@click.option(
+    "--auto-truncate",
+    is_flag=True,
+    help="[ingress, all] Cut over-long inputs at the model's limit instead of a 422.",
+)
+@click.option(
+    "--max-body-bytes", type=int, default=16 << 20, help="[ingress] Largest request body."
+)
+@click.option(
+    "--max-inputs", type=int, default=2048, help="[ingress] Inputs in one request at most."
+)
+@click.option(
+    "--tokenizer-threads",
+    type=int,
+    default=4,
+    help="[ingress] Threads tokenizing off the event loop.",
+)
+@click.option(
+    "--request-timeout",
+    type=float,
+    default=config.DEFAULT_REQUEST_TIMEOUT_S,
+    help="[ingress] Seconds before a request fails with 504.",
+)
 # all
 @click.option("--workers", type=int, default=1, help="[all] Worker processes to start.")
 # links
-@click.option("--heartbeat-interval", type=float, default=config.HEARTBEAT_INTERVAL_S,
-              help="Seconds between heartbeats on every link.")
-@click.option("--heartbeat-liveness", type=int, default=config.HEARTBEAT_LIVENESS,
-              help="Missed heartbeats after which a peer counts as dead.")
-@click.option("--curve-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Directory of CurveZMQ keys (made with --gen-keys); secures every TCP link.")
-@click.option("--insecure", is_flag=True, help="Allow binding a non-loopback address without "
-                                               "CURVE keys.")
-@click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+@click.option(
+    "--heartbeat-interval",
+    type=float,
+    default=config.HEARTBEAT_INTERVAL_S,
+    help="Seconds between heartbeats on every link.",
+)
+@click.option(
+    "--heartbeat-liveness",
+    type=int,
+    default=config.HEARTBEAT_LIVENESS,
+    help="Missed heartbeats after which a peer counts as dead.",
+)
+@click.option(
+    "--curve-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory of CurveZMQ keys (made with --gen-keys); secures every TCP link.",
+)
+@click.option(
+    "--insecure", is_flag=True, help="Allow binding a non-loopback address without CURVE keys."
+)
+@click.option(
+    "--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])
+)
 @click.pass_context
 def main(ctx: click.Context, role: str, **opts: object) -> None:
     """Run one role of an embedmesh mesh."""
@@ -94,7 +173,10 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
     try:
         if role == "broker":
             run_broker(
-                str(opts["frontend"]), str(opts["backend"]), liveness, security,
+                str(opts["frontend"]),
+                str(opts["backend"]),
+                liveness,
+                security,
                 max_queued_tokens=opts["max_queued_tokens"],
                 batch_timeout_s=opts["batch_timeout"],
                 max_attempts=opts["max_attempts"],

@@ -35,7 +35,7 @@ def _server_binder(security: Security, ctx: zmq.Context, name: str):  # noqa: AN
     keys = transport.load_server_keys(security.curve_dir, name) if security.curve_dir else None
     auth = None
     if keys is not None:
-        auth = transport.CurveAuth(ctx, keys)
+        auth = transport.CurveAuth(ctx, keys.allowed_clients_dir or security.curve_dir)
         auth.start()
 
     def bind(sock: zmq.Socket, endpoint: str) -> None:
@@ -108,14 +108,23 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
     dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
     model_dir = cfg.model or str(default_model_path())
     engine = Engine.load(
-        model_dir, device=cfg.device, dtype=dtype, served_name=cfg.served_name,
-        max_batch_tokens=cfg.max_batch_tokens, threads=cfg.threads,
+        model_dir,
+        device=cfg.device,
+        dtype=dtype,
+        served_name=cfg.served_name,
+        max_batch_tokens=cfg.max_batch_tokens,
+        threads=cfg.threads,
     )
     card = engine.card
     info = ModelInfo(
-        name=card.name, aliases=list(card.aliases), dims=card.dims,
-        max_input_tokens=card.max_input_tokens, vocab_size=engine.vocab_size,
-        pooling=card.pooling, normalize=card.normalize, tokenizer_digest=card.tokenizer_digest,
+        name=card.name,
+        aliases=list(card.aliases),
+        dims=card.dims,
+        max_input_tokens=card.max_input_tokens,
+        vocab_size=engine.vocab_size,
+        pooling=card.pooling,
+        normalize=card.normalize,
+        tokenizer_digest=card.tokenizer_digest,
     )
     options = WorkerOptions(
         name=f"{socket.gethostname()}:{cfg.device}",
@@ -127,7 +136,13 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
     )
     ctx = zmq.Context()
     server = WorkerServer(
-        ctx, engine, info, card.tokenizer_json, cfg.broker, options, liveness,
+        ctx,
+        engine,
+        info,
+        card.tokenizer_json,
+        cfg.broker,
+        options,
+        liveness,
         connect=client_connector(security, "worker"),
     )
     _on_signals(server.stop)

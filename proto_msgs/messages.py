@@ -83,7 +83,9 @@ def _check_ragged(token_ids: np.ndarray, offsets: np.ndarray, where: str) -> Non
         raise ProtocolError(f"{where}: offsets must be 1-D int32 with at least 2 entries")
     if len(offsets) - 1 > limits.MAX_SEQUENCES or len(token_ids) > limits.MAX_TOKENS:
         raise ProtocolError(f"{where}: too many sequences or tokens")
-    if offsets[0] != 0 or offsets[-1] != len(token_ids) or np.any(np.diff(offsets) < 1):
+    # int64: int32 differences wrap around and would let falling offsets through.
+    rises = np.diff(offsets.astype(np.int64))
+    if offsets[0] != 0 or offsets[-1] != len(token_ids) or np.any(rises < 1):
         raise ProtocolError(f"{where}: offsets must start at 0, end at len(token_ids), rise")
     if len(token_ids) and int(token_ids.min()) < 0:
         raise ProtocolError(f"{where}: negative token id")
@@ -144,6 +146,10 @@ class RequestResult(Message):
     def validate(self) -> None:
         if self.indices.ndim != 1 or self.embeddings.ndim != 2:
             raise ProtocolError("RequestResult: bad shapes")
+        # The ingress indexes its output with these: a float or negative index would crash it
+        # or silently put a vector in the wrong place.
+        if self.indices.dtype != np.int32 or (len(self.indices) and int(self.indices.min()) < 0):
+            raise ProtocolError("RequestResult: indices must be non-negative int32")
         if len(self.indices) != len(self.embeddings):
             raise ProtocolError("RequestResult: indices and rows disagree")
 
@@ -222,6 +228,7 @@ class Pong(Message):
     COMMAND: ClassVar[int] = 0x0A
     cid: int
     stats: BrokerStats
+    instance: int = 0  # random per broker process: a change means the broker restarted
 
 
 # ---- broker ↔ worker ---------------------------------------------------------------------------

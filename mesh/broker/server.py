@@ -9,6 +9,7 @@ moves messages between them and the sockets, and keeps time.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +79,7 @@ class Broker:
         self._warned_peers: set[bytes] = set()
         self._orphaned_since: dict[str, float] = {}
         self._stop = False
+        self.instance = secrets.randbits(63)
 
     def stop(self) -> None:
         self._stop = True
@@ -157,7 +159,9 @@ class Broker:
         elif isinstance(msg, CancelRequest):
             self.queue.cancel((identity, msg.cid))
         elif isinstance(msg, Ping):
-            self._send_front(identity, Pong(cid=msg.cid, stats=self.stats()))
+            self._send_front(
+                identity, Pong(cid=msg.cid, instance=self.instance, stats=self.stats())
+            )
         elif isinstance(msg, CatalogRequest):
             self._send_front(identity, CatalogReply(cid=msg.cid, models=self.registry.catalog()))
         elif isinstance(msg, TokenizerRequest):
@@ -178,13 +182,21 @@ class Broker:
             info = self.registry.known_models[model]
             longest = int(np.diff(msg.offsets).max())
             if longest > info.max_input_tokens:
-                error = (ErrorCode.INVALID_INPUT,
-                         f"a sequence of {longest} tokens is over {info.max_input_tokens}", None)
+                error = (
+                    ErrorCode.INVALID_INPUT,
+                    f"a sequence of {longest} tokens is over {info.max_input_tokens}",
+                    None,
+                )
         if error is None:
             deadline = now + msg.timeout_ms / 1000 if msg.timeout_ms is not None else None
             request = Request(
-                key=(identity, msg.cid), model=model, lane=msg.lane,  # type: ignore[arg-type]
-                lengths=np.diff(msg.offsets), deadline=deadline, submitted_at=now, payload=msg,
+                key=(identity, msg.cid),
+                model=model,
+                lane=msg.lane,  # type: ignore[arg-type]
+                lengths=np.diff(msg.offsets),
+                deadline=deadline,
+                submitted_at=now,
+                payload=msg,
             )
             try:
                 self.queue.submit(request, now)
@@ -222,8 +234,11 @@ class Broker:
             for request in formed.expired:
                 self._answer_error(request, ErrorCode.DEADLINE_EXCEEDED, "deadline passed")
             for request in formed.refused:
-                self._answer_error(request, ErrorCode.TOO_LARGE,
-                                   f"a sequence is over the batch budget {worker.max_batch_tokens}")
+                self._answer_error(
+                    request,
+                    ErrorCode.TOO_LARGE,
+                    f"a sequence is over the batch budget {worker.max_batch_tokens}",
+                )
             if formed.slices:
                 self._send_batch(worker, formed.slices, now)
 
@@ -242,8 +257,14 @@ class Broker:
                 self._bury(identity, "re-registered", now, tell=False)
             worker = self.registry.add(identity, msg, now)
             self._orphaned_since.pop(worker.model.name, None)
-            log.info("worker %s ready: %s on %s, %d credits, %d tokens/batch", worker.name,
-                     worker.model.name, worker.device, worker.credits, worker.max_batch_tokens)
+            log.info(
+                "worker %s ready: %s on %s, %d credits, %d tokens/batch",
+                worker.name,
+                worker.model.name,
+                worker.device,
+                worker.credits,
+                worker.max_batch_tokens,
+            )
             self._dispatch(worker.model.name, now)
             return
         worker = self.registry.heard(identity, now)
@@ -305,8 +326,11 @@ class Broker:
         requeue, give_up = self.inflight.split_retry(slices)
         for piece in give_up:
             if self.queue.fail_request(piece.request):
-                self._answer_error(piece.request, ErrorCode.WORKER_FAILED,
-                                   f"workers failed on this input {piece.attempt} times")
+                self._answer_error(
+                    piece.request,
+                    ErrorCode.WORKER_FAILED,
+                    f"workers failed on this input {piece.attempt} times",
+                )
         self.queue.requeue_front(requeue)
 
     def _bury(self, identity: bytes, why: str, now: float, tell: bool = True) -> None:
@@ -317,8 +341,7 @@ class Broker:
         batches = self.inflight.remove_worker(identity)
         for batch in batches:
             self.plans.pop(batch.batch_id, None)
-        log.warning("worker %s removed (%s); requeueing %d batches", worker.name, why,
-                    len(batches))
+        log.warning("worker %s removed (%s); requeueing %d batches", worker.name, why, len(batches))
         if tell:
             self._send_back(identity, Disconnect(reason=why))
         self._requeue(batches)
@@ -337,8 +360,9 @@ class Broker:
                 # Its in-flight work was requeued when the worker was buried, so this
                 # ends every request of the model.
                 for request in self.queue.drain_model(model):
-                    self._answer_error(request, ErrorCode.UNAVAILABLE,
-                                       f"no worker serves {model!r} any more")
+                    self._answer_error(
+                        request, ErrorCode.UNAVAILABLE, f"no worker serves {model!r} any more"
+                    )
                 del self._orphaned_since[model]
 
     # ---- stats --------------------------------------------------------------------------------

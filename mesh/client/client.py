@@ -64,6 +64,7 @@ class MeshClient:
             BrokerConnection(self._ctx, ep, self.liveness, connect=connect) for ep in endpoints
         ]
         self.tokenizers = TokenizerPool(tokenizer_threads)
+        self._seen: dict[str, ModelInfo] = {}  # every model a broker ever listed
         self._tokenizer_fetches: dict[str, asyncio.Future[ModelTokenizer]] = {}
 
     async def __aenter__(self) -> MeshClient:
@@ -111,10 +112,22 @@ class MeshClient:
         return list(merged.values())
 
     def resolve(self, name: str) -> ModelInfo:
-        model = _find(self.models(), name)
+        """The served model called ``name`` (or with that alias).
+
+        Unavailable when no broker answers, or when the model was served before and has no
+        worker now (retry later); ModelNotFound when no broker ever listed it.
+        """
+        if not any(b.alive for b in self.brokers):
+            raise Unavailable("no broker is reachable; retry later")
+        served = self.models()
+        for m in served:
+            self._seen[m.name] = m
+        model = _find(served, name)
         if model is None:
-            served = ", ".join(m.name for m in self.models()) or "none right now"
-            raise ModelNotFound(f"model {name!r} is not served (served: {served})")
+            if _find(list(self._seen.values()), name) is not None:
+                raise Unavailable(f"no worker serves model {name!r} right now; retry later")
+            names = ", ".join(m.name for m in served) or "none right now"
+            raise ModelNotFound(f"model {name!r} is not served (served: {names})")
         return model
 
     async def tokenizer(self, model: ModelInfo) -> ModelTokenizer:
@@ -168,7 +181,13 @@ class MeshClient:
         """Embed ``texts`` with ``model``; rows follow the input order."""
         ids, offsets = await self.tokenize(texts, model, truncate=truncate)
         return await self.embed_tokens(
-            ids, offsets, model, dims=dims, normalize=normalize, kind=kind, lane=lane,
+            ids,
+            offsets,
+            model,
+            dims=dims,
+            normalize=normalize,
+            kind=kind,
+            lane=lane,
             timeout_s=timeout_s,
         )
 
@@ -201,9 +220,13 @@ class MeshClient:
         broker = self._pick(info.name)
         cid = broker.next_cid()
         request = SubmitRequest(
-            cid=cid, model=info.name, lane=lane, timeout_ms=max(1, int(timeout_s * 1000)),
+            cid=cid,
+            model=info.name,
+            lane=lane,
+            timeout_ms=max(1, int(timeout_s * 1000)),
             output=OutputOptions(dims=dims, normalize=normalize, kind=kind),
-            token_ids=token_ids, offsets=offsets,
+            token_ids=token_ids,
+            offsets=offsets,
         )
         pending = broker.submit(request, tokens=len(token_ids))
         try:

@@ -108,6 +108,7 @@ class BrokerConnection:
         self._replies: dict[int, asyncio.Future[Message]] = {}
         self.models: list[ModelInfo] = []
         self.stats: BrokerStats | None = None
+        self.instance: int | None = None  # the broker process we talk to (from Pong)
         self.alive = False
         self.outstanding_tokens = 0
         self.dropped = 0
@@ -252,6 +253,9 @@ class BrokerConnection:
                 pending.future.set_exception(error_from_code(msg.code, msg.message, retry))
         elif isinstance(msg, Pong | CatalogReply | TokenizerReply):
             if isinstance(msg, Pong):
+                if self.instance is not None and msg.instance != self.instance:
+                    self._restarted()
+                self.instance = msg.instance
                 self.stats = msg.stats
             elif isinstance(msg, CatalogReply):
                 self.models = msg.models
@@ -284,12 +288,24 @@ class BrokerConnection:
             if self.alive and time.monotonic() - self._last_heard > self.liveness.expiry_s:
                 self._lost()
 
+    def _restarted(self) -> None:
+        """The broker restarted within the liveness window: what it held is gone."""
+        log.warning("broker %s restarted: failing its requests", self.endpoint)
+        self.models = []
+        self._fail_all(Unavailable(f"the broker at {self.endpoint} restarted; retry"))
+        with contextlib.suppress(MeshError):
+            self._send(CatalogRequest(cid=self.next_cid()))
+
     def _lost(self) -> None:
-        log.warning("broker %s silent for %.1fs: failing its requests", self.endpoint,
-                    self.liveness.expiry_s)
+        log.warning(
+            "broker %s silent for %.1fs: failing its requests",
+            self.endpoint,
+            self.liveness.expiry_s,
+        )
         self.alive = False
         self._alive_event.clear()
         self.models = []
+        self.instance = None
         self._fail_all(Unavailable(f"lost the broker at {self.endpoint}; retry"))
         # A fresh socket: the old one's queue would replay stale submits to a new broker.
         old = self._sock

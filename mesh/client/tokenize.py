@@ -34,7 +34,9 @@ class ModelTokenizer:
 
     def encode(self, texts: list[str], truncate: bool) -> tuple[np.ndarray, np.ndarray]:
         """Token ids (int32, concatenated) and offsets (int32, n+1) for ``texts``."""
-        encodings = self._tok.encode_batch(texts) if len(texts) > 1 else [self._tok.encode(texts[0])]
+        encodings = (
+            self._tok.encode_batch(texts) if len(texts) > 1 else [self._tok.encode(texts[0])]
+        )
         if not truncate:
             for i, enc in enumerate(encodings):
                 if enc.overflowing:

@@ -10,6 +10,7 @@ backoff (1 s → 32 s), Paranoid-Pirate style.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -160,10 +161,8 @@ class BrokerLink:
                 next_beat = now + interval
             if now - last_heard > self.liveness.expiry_s:
                 return heard_any
-        try:
+        with contextlib.suppress(zmq.ZMQError):
             sock.send_multipart(encode(Disconnect(reason="worker shutting down")))
-        except zmq.ZMQError:
-            pass
         return heard_any
 
     def _on_message(self, frames: list[zmq.Frame], epoch: int, now: float) -> bool:

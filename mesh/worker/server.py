@@ -94,7 +94,10 @@ class WorkerServer:
                     continue
                 if item.epoch != self.link.epoch:
                     continue
-                if self.options.test_hang_after is not None and done >= self.options.test_hang_after:
+                if (
+                    self.options.test_hang_after is not None
+                    and done >= self.options.test_hang_after
+                ):
                     log.error("test hook: compute loop hangs now (after %d batches)", done)
                     self._stop.wait()
                     break

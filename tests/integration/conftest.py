@@ -49,8 +49,14 @@ class Mesh:
         self._logs.append(log)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
         cmd = [
-            sys.executable, "-m", "launch.cli", *args,
-            "--heartbeat-interval", str(INTERVAL_S), "--heartbeat-liveness", str(LIVENESS),
+            sys.executable,
+            "-m",
+            "launch.cli",
+            *args,
+            "--heartbeat-interval",
+            str(INTERVAL_S),
+            "--heartbeat-liveness",
+            str(LIVENESS),
         ]
         with open(log, "wb") as out:
             return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -65,14 +71,25 @@ class Mesh:
     def start_worker(self, *extra: str) -> subprocess.Popen[bytes]:
         proc = self._spawn(
             "worker",
-            ["--role", "worker", "--broker", self.backend, "--threads", "1",
-             "--max-batch-tokens", "2048", *extra],
+            [
+                "--role",
+                "worker",
+                "--broker",
+                self.backend,
+                "--threads",
+                "1",
+                "--max-batch-tokens",
+                "2048",
+                *extra,
+            ],
         )
         self.workers.append(proc)
         return proc
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self._logs)
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self._logs
+        )
 
     def stop(self) -> None:
         procs = [p for p in [self.broker, *self.workers] if p is not None]

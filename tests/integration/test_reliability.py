@@ -100,9 +100,15 @@ async def test_worker_reregisters_with_a_restarted_broker(mesh: Mesh) -> None:
     mesh.start_worker()
     async with MeshClient(mesh.frontend, liveness=TEST_LIVENESS) as client:
         await wait_for_workers(client, 1)
+        first = client.brokers[0].instance
+        assert first is not None
         mesh.broker.kill()  # type: ignore[union-attr]
         mesh.broker.wait()  # type: ignore[union-attr]
         mesh.start_broker()
+        deadline = time.monotonic() + 30
+        while client.brokers[0].instance in (None, first) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert client.brokers[0].instance not in (None, first)
         await wait_for_workers(client, 1, timeout_s=40)
         result = await client.embed(["same worker, new broker"], MODEL, timeout_s=30)
         assert result.embeddings.shape == (1, 384)
@@ -223,7 +229,10 @@ def test_worker_ignores_garbage_from_its_broker(tmp_path: Path) -> None:
         for junk in ([b"x"], [b"\xe3m\x01\x11", b"\x80"], [os.urandom(4), os.urandom(9)]):
             router.send_multipart([identity, *junk])
         batch = BatchAssign(
-            batch_id=7, model=MODEL, timeout_ms=30_000, outputs=[OutputOptions()],
+            batch_id=7,
+            model=MODEL,
+            timeout_ms=30_000,
+            outputs=[OutputOptions()],
             output_index=np.zeros(1, dtype=np.int32),
             token_ids=np.array([101, 7592, 102], dtype=np.int32),
             offsets=np.array([0, 3], dtype=np.int32),
