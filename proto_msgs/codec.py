@@ -16,6 +16,7 @@ descriptor and ``limits``; any mismatch raises ``ProtocolError``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import struct
 import types
 import typing
@@ -136,7 +137,13 @@ def encode(msg: Message) -> list[Frame]:
 
 def _buffer(frame: Frame) -> memoryview:
     buf = getattr(frame, "buffer", None)  # zmq.Frame received with copy=False
-    return memoryview(buf if buf is not None else frame)
+    try:
+        view = memoryview(buf if buf is not None else frame)
+    except (TypeError, ValueError, BufferError) as exc:
+        raise ProtocolError("frames must be bytes-like") from exc
+    if not view.c_contiguous:  # struct and np.frombuffer would raise BufferError on it
+        raise ProtocolError("frames must be contiguous buffers")
+    return view
 
 
 def _check(value: Any, tp: Any, where: str) -> Any:
@@ -227,10 +234,14 @@ def _payload_fields(
             dtype is None
             or not isinstance(shape, list)
             or not 1 <= len(shape) <= 2
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)
+            or not all(
+                isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= limits.MAX_ARRAY_BYTES
+                for s in shape
+            )
         ):
             raise ProtocolError(f"{where}.{name}: bad array descriptor")
-        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != buf.nbytes:
+        # Python ints: np.prod in int64 wraps around on huge declared shapes.
+        if math.prod(shape) * dtype.itemsize != buf.nbytes:
             raise ProtocolError(f"{where}.{name}: frame size disagrees with shape {shape}")
         arr = np.frombuffer(buf, dtype=dtype).reshape(shape)
         if tp is np.ndarray:
@@ -251,11 +262,8 @@ def decode(frames: list[Frame]) -> Message:
         raise ProtocolError("a message needs a header and a body frame")
     if len(frames) > limits.MAX_FRAMES:
         raise ProtocolError(f"more than {limits.MAX_FRAMES} frames")
-    try:
-        header = _buffer(frames[0])
-        body_buf = _buffer(frames[1])
-    except TypeError as exc:
-        raise ProtocolError("frames must be bytes-like") from exc
+    header = _buffer(frames[0])
+    body_buf = _buffer(frames[1])
     if header.nbytes != _HEADER.size:
         raise ProtocolError("bad header length")
     magic, version, command = _HEADER.unpack(header)
@@ -278,7 +286,9 @@ def decode(frames: list[Frame]) -> Message:
         raise ProtocolError(f"body is not msgpack: {exc.__class__.__name__}") from exc
     if not isinstance(body, dict):
         raise ProtocolError("body is not a map")
-    cid = body.get("cid") if isinstance(body.get("cid"), int) else None
+    cid = body.get("cid")
+    if not isinstance(cid, int) or isinstance(cid, bool):
+        cid = None
     where = cls.__name__
     try:
         payload = _payload_fields(_resolve_hints(cls), body.get("_a"), list(frames[2:]), where)
