@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 
 import click
+import zmq
 
 from launch.roles import Security, WorkerConfig, run_broker, run_worker
 from mesh import config
 from mesh.config import Liveness
+from mesh.transport import InsecureBindError
 
 DEFAULT_FRONTEND = "tcp://127.0.0.1:5555"
 DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
@@ -154,6 +156,12 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     help="Directory of CurveZMQ keys (made with --gen-keys); secures every TCP link.",
 )
 @click.option(
+    "--gen-keys",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Create CurveZMQ key pairs (broker, ingress, worker) in DIR and exit; copy DIR (or "
+    "the files each host needs) to every host and pass it as --curve-dir.",
+)
+@click.option(
     "--insecure", is_flag=True, help="Allow binding a non-loopback address without CURVE keys."
 )
 @click.option(
@@ -167,6 +175,12 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if opts["gen_keys"] is not None:
+        from mesh.transport import generate_keys
+
+        where = generate_keys(opts["gen_keys"])  # type: ignore[arg-type]
+        click.echo(f"CurveZMQ keys in {where}: pass --curve-dir {where} to every role")
+        return
     liveness = Liveness(float(opts["heartbeat_interval"]), int(opts["heartbeat_liveness"]))  # type: ignore[arg-type]
     security = Security(opts["curve_dir"], bool(opts["insecure"]))  # type: ignore[arg-type]
     brokers = list(opts["broker_endpoints"])  # type: ignore[call-overload]
@@ -207,6 +221,9 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
             sys.exit(run_all(opts))
     except KeyboardInterrupt:
         pass
+    except (InsecureBindError, zmq.ZMQError, OSError, ValueError) as exc:
+        # Start-up failures a user can fix: one readable line, not a traceback.
+        raise click.ClickException(f"{role}: {exc}") from exc
 
 
 if __name__ == "__main__":
