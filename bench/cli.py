@@ -23,6 +23,7 @@ import click
 
 from bench.baseline import DEFAULT_BATCH_SIZES, run_in_subprocess
 from bench.corpus import DEFAULT_CORPUS, load_texts, request_bodies
+from bench.host import OtherCpu, wait_quiet
 from bench.load import Target, closed_loop, open_loop, sequential
 from bench.report import Report, Run
 from bench.spawn import SpawnedMesh
@@ -39,13 +40,17 @@ def _run(coro: Coroutine[Any, Any, Any]) -> Any:
     return uvloop.run(coro)
 
 
-def _measure(mode: str, target: Target, o: dict[str, Any]) -> tuple[str, list[Sample], float]:
-    """Warm up, then measure one mode; returns its load label, samples and elapsed seconds."""
+def _measure(
+    mode: str, target: Target, o: dict[str, Any], watch: OtherCpu
+) -> tuple[str, list[Sample], float]:
+    """Warm up, then measure one mode (``watch`` started between the two); returns its load
+    label, samples and elapsed seconds."""
     amount = {"count": o["requests"]} if o["requests"] else {"duration_s": o["duration"]}
     if mode == "latency":
         queries = load_texts(o["corpus"], kind="query")
         bodies = request_bodies(queries, o["model_name"], 1, o["encoding_format"])
         _run(sequential(target, bodies, LATENCY_WARMUP_REQUESTS))
+        watch.start()
         samples, elapsed = _run(sequential(target, bodies, o["latency_requests"]))
         return "sequential, 1 query", samples, elapsed
     texts = load_texts(o["corpus"])
@@ -55,6 +60,7 @@ def _measure(mode: str, target: Target, o: dict[str, Any]) -> tuple[str, list[Sa
         conc = o["concurrency"]
         if o["warmup"] > 0:
             _run(closed_loop(target, bodies, conc, duration_s=o["warmup"]))
+        watch.start()
         samples, elapsed = _run(closed_loop(target, bodies, conc, **amount))
         return f"{conc} clients x{tpr}", samples, elapsed
     rate = o["rate"]
@@ -62,13 +68,24 @@ def _measure(mode: str, target: Target, o: dict[str, Any]) -> tuple[str, list[Sa
         raise click.UsageError("--mode open needs --rate")
     if o["warmup"] > 0:
         _run(open_loop(target, bodies, rate, duration_s=o["warmup"], seed=o["seed"] + 1))
+    watch.start()
     samples, elapsed = _run(open_loop(target, bodies, rate, seed=o["seed"], **amount))
     return f"{rate:g}/s Poisson x{tpr}", samples, elapsed
+
+
+def _wait_quiet(max_wait_s: float) -> None:
+    if max_wait_s <= 0:
+        return
+    click.echo(f"waiting up to {max_wait_s:.0f}s for the host to go quiet ...", err=True)
+    share = wait_quiet(max_wait_s)
+    if not share < 0.15:
+        click.echo(f"  still {share:.0%} busy; measuring anyway", err=True)
 
 
 def _bench_config(report: Report, spawn_args: str | None, o: dict[str, Any]) -> None:
     mesh = None
     if spawn_args is not None:
+        _wait_quiet(o["wait_quiet"])
         mesh = SpawnedMesh(spawn_args)
         click.echo(f"starting mesh-launch --role all {spawn_args}".rstrip(), err=True)
         url = mesh.start()
@@ -79,8 +96,11 @@ def _bench_config(report: Report, spawn_args: str | None, o: dict[str, Any]) -> 
     target = Target(url, o["api_key"], o["timeout"])
     try:
         for mode in o["mode"]:
-            load, samples, elapsed = _measure(mode, target, o)
-            run = Run(label, mode, load, summarize(samples, elapsed))
+            watch = OtherCpu()
+            load, samples, elapsed = _measure(mode, target, o, watch)
+            # With --url the mesh is not our child: its CPU would count as others'.
+            other = watch.stop() if mesh is not None else None
+            run = Run(label, mode, load, summarize(samples, elapsed), other)
             report.runs.append(run)
             s = run.stats
             click.echo(
@@ -143,6 +163,12 @@ def _bench_config(report: Report, spawn_args: str | None, o: dict[str, Any]) -> 
 @click.option("--baseline-threads", type=int, help="torch threads (default: every core).")
 @click.option("--api-key", help="Bearer key, if the ingress wants one.")
 @click.option("--timeout", default=120.0, help="Seconds per request before it counts as failed.")
+@click.option(
+    "--wait-quiet",
+    default=0.0,
+    help="Before the baseline and each spawned mesh, wait up to this many seconds for the "
+    "host to be under 15% busy (a shared machine skews every number).",
+)
 @click.option("--seed", default=0, help="Seed of the Poisson schedule.")
 @click.option(
     "--json",
@@ -159,9 +185,13 @@ def main(**o: Any) -> None:
     if o["baseline"]:
         click.echo("baseline: sentence-transformers encode in-process ...", err=True)
         sizes = tuple(int(b) for b in o["baseline_batch_sizes"].split(","))
+        _wait_quiet(o["wait_quiet"])
+        watch = OtherCpu()
+        watch.start()
         report.baseline = run_in_subprocess(
             o["corpus"], o["baseline_texts"], sizes, o["baseline_threads"]
         )
+        report.baseline_other_cpu = watch.stop()
         best = report.baseline.best
         click.echo(
             f"  best: batch {best['batch_size']}, {best['tokens_per_s']:.0f} tok/s", err=True

@@ -15,6 +15,8 @@ import orjson
 from bench.baseline import BaselineResult
 from bench.stats import RunStats
 
+NOISY_OTHER_CPU = 0.05  # others' CPU share past which a run's numbers get a warning
+
 
 def machine() -> dict[str, Any]:
     """nproc, CPU model and RAM of this host, as the benchmark page records them."""
@@ -50,6 +52,7 @@ class Run:
     mode: str  # closed | open | latency
     load: str  # "c=16 x1", "rate=50/s x1", "seq x1"
     stats: RunStats
+    other_cpu: float | None = None  # CPU share others took meanwhile (None: not measured)
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Report:
     args: dict[str, Any]
     baseline: BaselineResult | None = None
     runs: list[Run] = field(default_factory=list)
+    baseline_other_cpu: float | None = None
     started: str = field(
         default_factory=lambda: datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     )
@@ -75,12 +79,14 @@ class Report:
                 "machine": self.host,
                 "args": self.args,
                 "baseline": self.baseline.as_dict() if self.baseline else None,
+                "baseline_other_cpu": self.baseline_other_cpu,
                 "runs": [
                     {
                         "config": r.config,
                         "mode": r.mode,
                         "load": r.load,
                         "vs_baseline": self.ratio(r),
+                        "other_cpu": r.other_cpu,
                         **r.stats.as_dict(),
                     }
                     for r in self.runs
@@ -95,59 +101,62 @@ class Report:
             f"{self.started}  {h['nproc']} cpus ({h['cpu']}), {h['mem_gib']} GiB RAM, "
             f"load average {h['loadavg_1m']} at start"
         ]
-        header = (
-            "config",
-            "mode",
-            "load",
-            "ok/sent",
-            "req/s",
-            "texts/s",
-            "tok/s",
-            "p50 ms",
-            "p90 ms",
-            "p99 ms",
-            "vs ST",
-        )
-        rows = [header]
-        for r in self.runs:
-            s, lat = r.stats, r.stats.latency_ms
-            rows.append(
-                (
-                    r.config,
-                    r.mode,
-                    r.load,
-                    f"{s.ok}/{s.requests}",
-                    f"{s.requests_per_s:.1f}",
-                    f"{s.texts_per_s:.1f}",
-                    f"{s.tokens_per_s:.0f}",
-                    f"{lat['p50']:.1f}",
-                    f"{lat['p90']:.1f}",
-                    f"{lat['p99']:.1f}",
-                    "" if math.isnan(self.ratio(r)) else f"{self.ratio(r):.2f}x",
-                )
-            )
-        if self.baseline is not None:
-            b = self.baseline
-            for size, m in b.by_batch_size.items():
-                rows.append(
-                    (
-                        f"sentence-transformers encode, {b.threads} threads",
-                        "in-process",
-                        f"batch {size}",
-                        f"{b.texts} texts",
-                        "",
-                        f"{m['texts_per_s']:.1f}",
-                        f"{m['tokens_per_s']:.0f}",
-                        "",
-                        "",
-                        "",
-                        "",
-                    )
-                )
-        widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
-        for row in rows:
-            lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
-        for r in self.runs:
-            if r.stats.errors:
-                lines.append(f"errors in {r.config} {r.mode}: {r.stats.errors}")
+        header = "config mode load ok/sent req/s texts/s tok/s p50_ms p90_ms p99_ms vs_ST other_cpu"
+        rows = [[c.replace("_", " ") for c in header.split(" ")]]
+        rows += [self._run_row(r) for r in self.runs]
+        rows += self._baseline_rows()
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+        lines += [
+            f"errors in {r.config} {r.mode}: {r.stats.errors}" for r in self.runs if r.stats.errors
+        ]
+        busy = [r for r in self.runs if (r.other_cpu or 0) > NOISY_OTHER_CPU]
+        lines += [
+            f"warning: other processes took {r.other_cpu:.0%} of the CPUs during {r.config} "
+            f"{r.mode}; its numbers are skewed"
+            for r in busy
+        ]
         return "\n".join(lines)
+
+    def _run_row(self, r: Run) -> list[str]:
+        s, lat, ratio = r.stats, r.stats.latency_ms, self.ratio(r)
+        return [
+            r.config,
+            r.mode,
+            r.load,
+            f"{s.ok}/{s.requests}",
+            f"{s.requests_per_s:.1f}",
+            f"{s.texts_per_s:.1f}",
+            f"{s.tokens_per_s:.0f}",
+            f"{lat['p50']:.1f}",
+            f"{lat['p90']:.1f}",
+            f"{lat['p99']:.1f}",
+            "" if math.isnan(ratio) else f"{ratio:.2f}x",
+            _share(r.other_cpu),
+        ]
+
+    def _baseline_rows(self) -> list[list[str]]:
+        b = self.baseline
+        if b is None:
+            return []
+        return [
+            [
+                f"sentence-transformers encode, {b.threads} threads",
+                "in-process",
+                f"batch {size}",
+                f"{b.texts} texts",
+                "",
+                f"{m['texts_per_s']:.1f}",
+                f"{m['tokens_per_s']:.0f}",
+                "",
+                "",
+                "",
+                "",
+                _share(self.baseline_other_cpu),
+            ]
+            for size, m in b.by_batch_size.items()
+        ]
+
+
+def _share(value: float | None) -> str:
+    return "" if value is None or math.isnan(value) else f"{value:.0%}"

@@ -1,0 +1,105 @@
+"""How busy the host is with work that is not ours: a 2-core box shared with others skews
+every number, so a report says how much CPU other processes took while it measured, and a run
+can wait for the host to go quiet first. Linux ``/proc`` only; elsewhere these report nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _busy_idle() -> tuple[int, int]:
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, idle
+
+
+def busy_share(seconds: float = 3.0) -> float:
+    """Fraction of all CPUs busy over the next ``seconds`` (NaN without /proc)."""
+    try:
+        b0, i0 = _busy_idle()
+        time.sleep(seconds)
+        b1, i1 = _busy_idle()
+    except OSError:
+        return math.nan
+    total = (b1 - b0) + (i1 - i0)
+    return (b1 - b0) / total if total else 0.0
+
+
+def wait_quiet(max_wait_s: float, threshold: float = 0.15, window_s: float = 3.0) -> float:
+    """Until the host is under ``threshold`` busy for one window, or ``max_wait_s`` passed.
+
+    Returns the last busy share measured (so a caller can say it gave up waiting).
+    """
+    deadline = time.monotonic() + max_wait_s
+    share = busy_share(window_s)
+    while not share < threshold and time.monotonic() < deadline:
+        share = busy_share(window_s)
+    return share
+
+
+def _process_ticks() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, CPU ticks used so far) for every process we can read."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        out[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    return out
+
+
+def _tree(root: int, procs: dict[int, tuple[int, int]]) -> set[int]:
+    found, frontier = {root}, {root}
+    while frontier:
+        frontier = {pid for pid, (ppid, _) in procs.items() if ppid in frontier} - found
+        found |= frontier
+    return found
+
+
+class OtherCpu:
+    """CPU share taken by processes outside this one's tree between ``start`` and ``stop``.
+
+    A process that both started and ended inside the window is missed: a lower bound.
+    """
+
+    def __init__(self) -> None:
+        self._before: dict[int, tuple[int, int]] = {}
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        try:
+            self._before = _process_ticks()
+        except OSError:
+            self._before = {}
+        self._t0 = time.monotonic()
+
+    def stop(self) -> float:
+        """Share of all CPUs (0..1) that others used; NaN without /proc."""
+        elapsed = time.monotonic() - self._t0
+        try:
+            after = _process_ticks()
+        except OSError:
+            return math.nan
+        if not self._before or elapsed <= 0:
+            return math.nan
+        ours = _tree(os.getpid(), after)
+        ticks = sum(
+            used - self._before.get(pid, (0, 0))[1]
+            for pid, (_, used) in after.items()
+            if pid not in ours
+        )
+        return max(0.0, ticks / _TICKS / (elapsed * _cpus()))

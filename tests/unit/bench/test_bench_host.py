@@ -1,0 +1,33 @@
+"""mesh-bench's view of the host: whose CPU time is whose."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench.host import OtherCpu, _tree, busy_share
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+def test_tree_holds_the_root_and_all_its_descendants_only() -> None:
+    procs = {1: (0, 0), 10: (1, 0), 11: (10, 0), 12: (11, 0), 20: (1, 0)}
+    assert _tree(10, procs) == {10, 11, 12}
+
+
+def test_busy_share_is_a_fraction() -> None:
+    assert 0.0 <= busy_share(0.2) <= 1.0
+
+
+def test_a_detached_process_burning_cpu_counts_as_others() -> None:
+    watch = OtherCpu()
+    watch.start()
+    # The shell exits at once, so the burner is re-parented away from our process tree.
+    burn = f"{sys.executable} -c 'import time; t = time.time()\nwhile time.time() - t < 1: pass' &"
+    subprocess.run(["sh", "-c", burn], check=True)
+    time.sleep(1.3)
+    # One core busy for ~1 s out of ~1.3 s; other load on the host can only add to it.
+    assert watch.stop() > 0.2
