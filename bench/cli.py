@@ -23,7 +23,7 @@ import click
 
 from bench.baseline import DEFAULT_BATCH_SIZES, run_in_subprocess
 from bench.corpus import DEFAULT_CORPUS, load_texts, request_bodies
-from bench.host import OtherCpu, wait_quiet
+from bench.host import CpuWatch, wait_quiet
 from bench.load import Target, closed_loop, open_loop, sequential
 from bench.report import Report, Run
 from bench.spawn import SpawnedMesh
@@ -41,7 +41,7 @@ def _run(coro: Coroutine[Any, Any, Any]) -> Any:
 
 
 def _measure(
-    mode: str, target: Target, o: dict[str, Any], watch: OtherCpu
+    mode: str, target: Target, o: dict[str, Any], watch: CpuWatch
 ) -> tuple[str, list[Sample], float]:
     """Warm up, then measure one mode (``watch`` started between the two); returns its load
     label, samples and elapsed seconds."""
@@ -96,11 +96,11 @@ def _bench_config(report: Report, spawn_args: str | None, o: dict[str, Any]) -> 
     target = Target(url, o["api_key"], o["timeout"])
     try:
         for mode in o["mode"]:
-            watch = OtherCpu()
+            watch = CpuWatch()
             load, samples, elapsed = _measure(mode, target, o, watch)
             # With --url the mesh is not our child: its CPU would count as others'.
-            other = watch.stop() if mesh is not None else None
-            run = Run(label, mode, load, summarize(samples, elapsed), other)
+            cpu = watch.stop() if mesh is not None else None
+            run = Run(label, mode, load, summarize(samples, elapsed), cpu)
             report.runs.append(run)
             s = run.stats
             click.echo(
@@ -186,12 +186,12 @@ def main(**o: Any) -> None:
         click.echo("baseline: sentence-transformers encode in-process ...", err=True)
         sizes = tuple(int(b) for b in o["baseline_batch_sizes"].split(","))
         _wait_quiet(o["wait_quiet"])
-        watch = OtherCpu()
+        watch = CpuWatch()
         watch.start()
         report.baseline = run_in_subprocess(
             o["corpus"], o["baseline_texts"], sizes, o["baseline_threads"]
         )
-        report.baseline_other_cpu = watch.stop()
+        report.baseline_other_cpu = watch.stop().others
         best = report.baseline.best
         click.echo(
             f"  best: batch {best['batch_size']}, {best['tokens_per_s']:.0f} tok/s", err=True

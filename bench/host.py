@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -70,8 +71,29 @@ def _tree(root: int, procs: dict[int, tuple[int, int]]) -> set[int]:
     return found
 
 
-class OtherCpu:
-    """CPU share taken by processes outside this one's tree between ``start`` and ``stop``.
+def _role(pid: int) -> str:
+    """What a process of ours is: a mesh role by its mesh-launch flags, else ``bench``."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "other"
+    if b"--role" in args and args.index(b"--role") + 1 < len(args):
+        role = args[args.index(b"--role") + 1].decode()
+        return "supervisor" if role == "all" else role
+    return "bench" if pid == os.getpid() else "other"
+
+
+@dataclass
+class CpuUse:
+    """CPU used during a window: others' share of all CPUs, and ours in cores per role."""
+
+    others: float  # 0..1 of all CPUs; NaN when unknown
+    ours: dict[str, float] = field(default_factory=dict)  # role -> cores (1.0 = one core busy)
+
+
+class CpuWatch:
+    """CPU taken between ``start`` and ``stop``, by processes outside this one's tree and by
+    each role inside it (a spawned mesh is inside).
 
     A process that both started and ended inside the window is missed: a lower bound.
     """
@@ -87,19 +109,22 @@ class OtherCpu:
             self._before = {}
         self._t0 = time.monotonic()
 
-    def stop(self) -> float:
-        """Share of all CPUs (0..1) that others used; NaN without /proc."""
+    def stop(self) -> CpuUse:
         elapsed = time.monotonic() - self._t0
         try:
             after = _process_ticks()
         except OSError:
-            return math.nan
+            return CpuUse(math.nan)
         if not self._before or elapsed <= 0:
-            return math.nan
+            return CpuUse(math.nan)
         ours = _tree(os.getpid(), after)
-        ticks = sum(
-            used - self._before.get(pid, (0, 0))[1]
-            for pid, (_, used) in after.items()
-            if pid not in ours
-        )
-        return max(0.0, ticks / _TICKS / (elapsed * _cpus()))
+        others = 0
+        by_role: dict[str, float] = {}
+        for pid, (_, used) in after.items():
+            ticks = used - self._before.get(pid, (0, 0))[1]
+            if pid not in ours:
+                others += ticks
+            else:
+                role = _role(pid)
+                by_role[role] = by_role.get(role, 0.0) + ticks / _TICKS / elapsed
+        return CpuUse(max(0.0, others / _TICKS / (elapsed * _cpus())), by_role)

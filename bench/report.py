@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from bench.baseline import BaselineResult
+from bench.host import CpuUse
 from bench.stats import RunStats
 
 NOISY_OTHER_CPU = 0.05  # others' CPU share past which a run's numbers get a warning
@@ -52,7 +53,11 @@ class Run:
     mode: str  # closed | open | latency
     load: str  # "c=16 x1", "rate=50/s x1", "seq x1"
     stats: RunStats
-    other_cpu: float | None = None  # CPU share others took meanwhile (None: not measured)
+    cpu: CpuUse | None = None  # CPU by role, and others' share meanwhile (None: not measured)
+
+    @property
+    def other_cpu(self) -> float | None:
+        return self.cpu.others if self.cpu is not None else None
 
 
 @dataclass
@@ -87,6 +92,7 @@ class Report:
                         "load": r.load,
                         "vs_baseline": self.ratio(r),
                         "other_cpu": r.other_cpu,
+                        "cpu_cores_by_role": r.cpu.ours if r.cpu is not None else None,
                         **r.stats.as_dict(),
                     }
                     for r in self.runs
@@ -109,6 +115,15 @@ class Report:
         lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
         lines += [
             f"errors in {r.config} {r.mode}: {r.stats.errors}" for r in self.runs if r.stats.errors
+        ]
+        lines += [
+            f"cpu (cores) in {r.config} {r.mode}: "
+            + ", ".join(
+                f"{role} {cores:.2f}"
+                for role, cores in sorted(r.cpu.ours.items(), key=lambda x: -x[1])
+            )
+            for r in self.runs
+            if r.cpu is not None and r.cpu.ours
         ]
         busy = [r for r in self.runs if (r.other_cpu or 0) > NOISY_OTHER_CPU]
         lines += [

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from bench.host import OtherCpu, _tree, busy_share
+from bench.host import CpuWatch, _tree, busy_share
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -23,11 +23,21 @@ def test_busy_share_is_a_fraction() -> None:
 
 
 def test_a_detached_process_burning_cpu_counts_as_others() -> None:
-    watch = OtherCpu()
+    watch = CpuWatch()
     watch.start()
     # The shell exits at once, so the burner is re-parented away from our process tree.
     burn = f"{sys.executable} -c 'import time; t = time.time()\nwhile time.time() - t < 1: pass' &"
     subprocess.run(["sh", "-c", burn], check=True)
     time.sleep(1.3)
     # One core busy for ~1 s out of ~1.3 s; other load on the host can only add to it.
-    assert watch.stop() > 0.2
+    assert watch.stop().others > 0.2
+
+
+def test_our_own_work_counts_under_our_role_not_as_others() -> None:
+    watch = CpuWatch()
+    watch.start()
+    t = time.perf_counter()
+    while time.perf_counter() - t < 0.5:
+        pass
+    use = watch.stop()
+    assert use.ours.get("bench", 0.0) > 0.1

@@ -10,6 +10,7 @@ import pytest
 
 from bench.baseline import BaselineResult
 from bench.corpus import load_texts, request_bodies
+from bench.host import CpuUse
 from bench.report import Report, Run
 from bench.stats import Sample, summarize
 
@@ -45,7 +46,8 @@ def _report() -> Report:
     )
     samples = [Sample(0.0, 0.02, "200", 1, 100)] * 50 + [Sample(0.0, 0.001, "429", 1)]
     report = Report(args={"mode": ["closed"]}, baseline=baseline)
-    report.runs.append(Run("--workers 1", "closed", "4 clients x1", summarize(samples, 1.0)))
+    cpu = CpuUse(0.3, {"worker": 1.5, "ingress": 0.25})
+    report.runs.append(Run("--workers 1", "closed", "4 clients x1", summarize(samples, 1.0), cpu))
     return report
 
 
@@ -60,6 +62,8 @@ def test_table_shows_each_run_the_baseline_and_the_errors() -> None:
     assert "--workers 1" in table and "1.25x" in table and "5000" in table
     assert "batch 8" in table and "batch 32" in table
     assert "{'429': 1}" in table
+    assert "worker 1.50, ingress 0.25" in table
+    assert "other processes took 30%" in table
 
 
 def test_json_report_carries_machine_baseline_and_runs() -> None:
@@ -68,4 +72,5 @@ def test_json_report_carries_machine_baseline_and_runs() -> None:
     assert data["baseline"]["best"]["tokens_per_s"] == 4000.0
     run = data["runs"][0]
     assert run["tokens_per_s"] == 5000.0 and run["errors"] == {"429": 1}
+    assert run["other_cpu"] == 0.3 and run["cpu_cores_by_role"]["worker"] == 1.5
     assert set(run["latency_ms"]) == {"p50", "p90", "p99", "mean", "max"}
