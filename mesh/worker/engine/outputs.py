@@ -1,0 +1,77 @@
+"""From pooled vectors to what a client asked for: dims, normalization, number format."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+
+OutputKind = Literal["float32", "float16", "int8", "binary"]
+OUTPUT_KINDS: tuple[str, ...] = ("float32", "float16", "int8", "binary")
+
+# Big-endian bit weights, so that bit 0 of a vector lands in the MSB of byte 0, as
+# numpy.packbits does by default.
+_BIT_WEIGHTS = (1 << torch.arange(7, -1, -1)).to(torch.uint8)
+
+
+def finalize(
+    pooled: torch.Tensor, dims: int | None, normalize: bool, kind: str = "float32"
+) -> np.ndarray:
+    """Turn ``pooled: float32 [n, D]`` into the array that goes on the wire.
+
+    1. Matryoshka truncation: keep the first ``dims`` components (``None``: all ``D``);
+       ``dims`` outside ``1..D`` raises ValueError.
+    2. When ``normalize``, L2-normalize the truncated vectors (so truncation then
+       renormalization, as Matryoshka models are trained). A zero vector stays zero.
+    3. Encode as ``kind``:
+
+       - ``float32``: ``float32 [n, d]``.
+       - ``float16``: ``float16 [n, d]``.
+       - ``int8``: symmetric per-vector absmax scaling, ``q = round(x * 127 / max|x|)``,
+         ``int8 [n, d]`` in ``-127..127`` (-128 never occurs; a zero vector gives zeros).
+         The per-vector scale is not returned: each int8 vector is its float vector up to a
+         positive factor, so cosine similarity (and sign-based retrieval) is preserved,
+         raw dot products across vectors are not.
+       - ``binary``: one bit per component, 1 where ``x > 0``, packed 8 to a byte with the
+         first component in the most significant bit (``numpy.packbits`` default), the last
+         byte zero-padded: ``uint8 [n, ceil(d / 8)]``. Compare with Hamming distance.
+
+    The math runs in torch on ``pooled``'s device; only the result is copied to the host.
+    """
+    if pooled.dim() != 2:
+        raise ValueError(f"pooled must be [n, D], got shape {tuple(pooled.shape)}")
+    full = pooled.shape[1]
+    if dims is not None and not 1 <= dims <= full:
+        raise ValueError(f"dims must be in 1..{full}, got {dims}")
+    if kind not in OUTPUT_KINDS:
+        raise ValueError(f"unknown output kind {kind!r}; one of {OUTPUT_KINDS}")
+    x = pooled[:, : dims or full].float()
+    if normalize:
+        x = torch.nn.functional.normalize(x, p=2.0, dim=1)
+    if kind == "float32":
+        out = x
+    elif kind == "float16":
+        out = x.half()
+    elif kind == "int8":
+        out = _int8(x)
+    else:
+        out = _binary(x)
+    return out.cpu().numpy()
+
+
+def _int8(x: torch.Tensor) -> torch.Tensor:
+    absmax = x.abs().amax(dim=1, keepdim=True)
+    scale = torch.where(absmax > 0, 127.0 / absmax, torch.zeros_like(absmax))
+    return torch.round(x * scale).clamp_(-127, 127).to(torch.int8)
+
+
+def _binary(x: torch.Tensor) -> torch.Tensor:
+    n, d = x.shape
+    bits = (x > 0).to(torch.uint8)
+    pad = (-d) % 8
+    if pad:
+        bits = torch.nn.functional.pad(bits, (0, pad))
+    weights = _BIT_WEIGHTS.to(x.device)
+    # Each byte is a dot product of 8 bits with their weights; the sum fits in uint8.
+    return (bits.view(n, (d + pad) // 8, 8) * weights).sum(dim=2, dtype=torch.uint8)

@@ -1,0 +1,157 @@
+"""Qwen3-family decoder used as an embedder, over packed batches.
+
+Same math as Hugging Face ``Qwen3Model``: token embeddings, then pre-norm layers of
+grouped-query self-attention (RMSNorm per head on q and k before RoPE, ``q_norm`` /
+``k_norm``) and a SwiGLU MLP, then a final RMSNorm. Positions restart at 0 for every packed
+sequence. Query/key/value are fused into one projection and gate/up into another at load.
+
+Two attention modes, chosen by :func:`mesh.worker.engine.card.is_causal` and stored in the
+card:
+
+- causal (Qwen3-Embedding): each token sees itself and earlier tokens; pooled from the last
+  token (``1_Pooling`` ``pooling_mode_lasttoken``).
+- bidirectional (pplx-embed style): every token sees its whole sequence; mean pooled. Chosen
+  when ``config.json`` says ``is_causal: false`` or ``use_bidirectional_attention: true``,
+  or, with neither flag, when the sentence-transformers pooling is mean.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mesh.worker.engine.attention import AttentionBackend
+from mesh.worker.engine.loader import WeightSource
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # In fp32 and cast back before the weight, exactly as HF Qwen3RMSNorm, so that bf16
+    # results match the reference bit for bit where possible.
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Qwen3Layer(nn.Module):
+    def __init__(
+        self,
+        source: WeightSource,
+        prefix: str,
+        dims: tuple[int, int, int],
+        eps: float,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = dims
+        self.eps = eps
+
+        def take(name: str) -> torch.Tensor:
+            return source.get(prefix + name, dtype, device)
+
+        proj = [f"{prefix}self_attn.{p}_proj" for p in ("q", "k", "v")]
+        self.register_buffer("qkv_w", source.cat([f"{p}.weight" for p in proj], dtype, device))
+        has_bias = f"{proj[0]}.bias" in source
+        qkv_b = source.cat([f"{p}.bias" for p in proj], dtype, device) if has_bias else None
+        self.register_buffer("qkv_b", qkv_b)
+        self.register_buffer("o_w", take("self_attn.o_proj.weight"))
+        self.register_buffer("o_b", take("self_attn.o_proj.bias") if has_bias else None)
+        self.register_buffer("q_norm", take("self_attn.q_norm.weight"))
+        self.register_buffer("k_norm", take("self_attn.k_norm.weight"))
+        self.register_buffer("in_norm", take("input_layernorm.weight"))
+        self.register_buffer("post_norm", take("post_attention_layernorm.weight"))
+        mlp = [f"{prefix}mlp.{p}_proj.weight" for p in ("gate", "up")]
+        self.register_buffer("gate_up_w", source.cat(mlp, dtype, device))
+        self.register_buffer("down_w", take("mlp.down_proj.weight"))
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        total = x.shape[0]
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        h = rms_norm(x, self.in_norm, self.eps)
+        q, k, v = F.linear(h, self.qkv_w, self.qkv_b).split([hq * d, hkv * d, hkv * d], dim=-1)
+        q = rms_norm(q.reshape(total, hq, d), self.q_norm, self.eps)
+        k = rms_norm(k.reshape(total, hkv, d), self.k_norm, self.eps)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        a = attn.run(q, k, v.reshape(total, hkv, d)).reshape(total, hq * d)
+        x = x + F.linear(a, self.o_w, self.o_b)
+        h = rms_norm(x, self.post_norm, self.eps)
+        gate, up = F.linear(h, self.gate_up_w).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.down_w)
+
+
+class Qwen3Embedder(nn.Module):
+    """``forward(ids[T], positions[T], attn) -> [T, hidden]`` for a planned packed batch."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        source: WeightSource,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        causal: bool,
+    ) -> None:
+        super().__init__()
+        _check_supported(config)
+        self.causal = causal
+        self.dtype = dtype
+        self.hidden = int(config["hidden_size"])
+        self.vocab_size = int(config["vocab_size"])
+        num_heads = int(config["num_attention_heads"])
+        num_kv_heads = int(config.get("num_key_value_heads") or num_heads)
+        head_dim = int(config.get("head_dim") or self.hidden // num_heads)
+        self.eps = float(config.get("rms_norm_eps", 1e-6))
+        theta = float(_rope_parameters(config).get("rope_theta", 10000.0))
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        self.register_buffer("inv_freq", inv_freq.to(device))
+        self.register_buffer("embed", source.get("embed_tokens.weight", dtype, device))
+        self.layers = nn.ModuleList(
+            Qwen3Layer(
+                source, f"layers.{i}.", (num_heads, num_kv_heads, head_dim), self.eps, dtype, device
+            )
+            for i in range(int(config["num_hidden_layers"]))
+        )
+        self.register_buffer("norm", source.get("norm.weight", dtype, device))
+
+    def forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        x = self.embed[ids]
+        # Angles in fp32 (as HF), then cast: positions up to 32k lose precision in bf16.
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, D]: broadcast over heads
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, attn)
+        return rms_norm(x, self.norm, self.eps)
+
+
+def _rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
+    # transformers >= 5 writes "rope_parameters"; Qwen3 checkpoints on the Hub have a
+    # top-level "rope_theta" and "rope_scaling": null.
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    if "rope_theta" in config:
+        params.setdefault("rope_theta", config["rope_theta"])
+    return params
+
+
+def _check_supported(config: dict[str, Any]) -> None:
+    params = _rope_parameters(config)
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise NotImplementedError(f"rope_type {rope_type!r} is not supported")
+    if config.get("use_sliding_window"):
+        raise NotImplementedError("sliding-window attention is not supported")
+    if config.get("hidden_act", "silu") != "silu":
+        raise NotImplementedError(f"hidden_act {config.get('hidden_act')!r} is not supported")

@@ -1,0 +1,59 @@
+"""Helpers of the engine tests (a module of its own: conftest.py is not importable)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+
+CORPUS = Path("/work/shared/data/corpus.jsonl")
+
+
+def pack(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Token id lists -> (int32 ids, int32 offsets), as the wire carries them."""
+    lengths = [len(s) for s in seqs]
+    ids = np.fromiter((t for s in seqs for t in s), dtype=np.int32, count=sum(lengths))
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return ids, offsets
+
+
+def cosines(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor) -> np.ndarray:
+    a = torch.as_tensor(np.asarray(a), dtype=torch.float64)
+    b = torch.as_tensor(np.asarray(b), dtype=torch.float64)
+    return torch.nn.functional.cosine_similarity(a, b, dim=-1).numpy()
+
+
+def load_corpus() -> list[dict]:
+    if not CORPUS.is_file():
+        pytest.skip(f"{CORPUS} not present")
+    with CORPUS.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def write_word_tokenizer(model_dir: Path, vocab_size: int) -> None:
+    """A minimal tokenizer.json: the card needs one, the tiny-model tests feed ids."""
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    Tokenizer(WordLevel(vocab, unk_token="w0")).save(str(model_dir / "tokenizer.json"))
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    """Weights large enough that every path (norm gains included) shows in the output."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if p.dim() == 1 and ("norm" in name.lower() or "layernorm" in name.lower()):
+                p.copy_(1.0 + 0.2 * noise if name.endswith("weight") else 0.1 * noise)
+            else:
+                p.copy_(0.1 * noise)
+
+
+def random_seqs(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
+    gen = np.random.default_rng(seed)
+    return [gen.integers(0, vocab, size=n).tolist() for n in lengths]

@@ -1,0 +1,55 @@
+"""Both CPU attention backends equal a naive masked attention over the packed batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mesh.worker.engine.attention import SdpaBucketed, SdpaPerSequence
+from mesh.worker.engine.pooling import pool, positions, segment_ids
+
+LENGTHS = [1, 5, 17, 2, 64, 3, 33, 1, 100]
+
+
+def _naive(q, k, v, cu: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Dense attention over all T tokens with a block-diagonal (and causal) mask."""
+    total, hq, d = q.shape
+    seg = segment_ids(cu, total)
+    allowed = seg[:, None] == seg[None, :]
+    if causal:
+        allowed &= torch.ones(total, total, dtype=torch.bool).tril()
+    k = k.repeat_interleave(hq // k.shape[1], dim=1)
+    v = v.repeat_interleave(hq // v.shape[1], dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / d**0.5
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+@pytest.mark.parametrize("backend", [SdpaPerSequence, SdpaBucketed])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_backend_equals_block_diagonal_attention(backend, causal: bool, kv_heads: int) -> None:
+    gen = torch.Generator().manual_seed(kv_heads)
+    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32)
+    total = int(cu[-1])
+    q = torch.randn(total, 4, 16, generator=gen)
+    k = torch.randn(total, kv_heads, 16, generator=gen)
+    v = torch.randn(total, kv_heads, 16, generator=gen)
+    attn = backend()
+    attn.plan(cu, causal)
+    torch.testing.assert_close(attn.run(q, k, v), _naive(q, k, v, cu, causal))
+
+
+def test_positions_restart_at_every_sequence() -> None:
+    cu = torch.tensor([0, 3, 4, 8], dtype=torch.int32)
+    assert positions(cu, 8).tolist() == [0, 1, 2, 0, 0, 1, 2, 3]
+    assert segment_ids(cu, 8).tolist() == [0, 0, 0, 1, 2, 2, 2, 2]
+
+
+def test_pooling_over_packed_tokens() -> None:
+    cu = torch.tensor([0, 2, 3, 6], dtype=torch.int32)
+    hidden = torch.arange(12, dtype=torch.float16).view(6, 2)
+    assert pool(hidden, cu, "cls").tolist() == [[0, 1], [4, 5], [6, 7]]
+    assert pool(hidden, cu, "last").tolist() == [[2, 3], [4, 5], [10, 11]]
+    assert pool(hidden, cu, "mean").tolist() == [[1, 2], [4, 5], [8, 9]]
+    assert pool(hidden, cu, "mean").dtype == torch.float32
