@@ -43,33 +43,34 @@ def _run(coro: Coroutine[Any, Any, Any]) -> Any:
 def _measure(
     mode: str, target: Target, o: dict[str, Any], watch: CpuWatch
 ) -> tuple[str, list[Sample], float]:
-    """Warm up, then measure one mode (``watch`` started between the two); returns its load
-    label, samples and elapsed seconds."""
+    """One mode, warm-up first (``watch`` starts when the measured window opens); returns its
+    load label, samples and elapsed seconds."""
     amount = {"count": o["requests"]} if o["requests"] else {"duration_s": o["duration"]}
     if mode == "latency":
         queries = load_texts(o["corpus"], kind="query")
         bodies = request_bodies(queries, o["model_name"], 1, o["encoding_format"])
-        _run(sequential(target, bodies, LATENCY_WARMUP_REQUESTS))
-        watch.start()
-        samples, elapsed = _run(sequential(target, bodies, o["latency_requests"]))
+        samples, elapsed = _run(
+            sequential(
+                target,
+                bodies,
+                o["latency_requests"],
+                warmup=LATENCY_WARMUP_REQUESTS,
+                on_window=watch.start,
+            )
+        )
         return "sequential, 1 query", samples, elapsed
     texts = load_texts(o["corpus"])
     tpr = o["texts_per_request"]
     bodies = request_bodies(texts, o["model_name"], tpr, o["encoding_format"])
+    timing = {**amount, "warmup_s": o["warmup"], "on_window": watch.start}
     if mode == "closed":
         conc = o["concurrency"]
-        if o["warmup"] > 0:
-            _run(closed_loop(target, bodies, conc, duration_s=o["warmup"]))
-        watch.start()
-        samples, elapsed = _run(closed_loop(target, bodies, conc, **amount))
+        samples, elapsed = _run(closed_loop(target, bodies, conc, **timing))
         return f"{conc} clients x{tpr}", samples, elapsed
     rate = o["rate"]
     if not rate:
         raise click.UsageError("--mode open needs --rate")
-    if o["warmup"] > 0:
-        _run(open_loop(target, bodies, rate, duration_s=o["warmup"], seed=o["seed"] + 1))
-    watch.start()
-    samples, elapsed = _run(open_loop(target, bodies, rate, seed=o["seed"], **amount))
+    samples, elapsed = _run(open_loop(target, bodies, rate, seed=o["seed"], **timing))
     return f"{rate:g}/s Poisson x{tpr}", samples, elapsed
 
 
@@ -146,7 +147,11 @@ def _bench_config(report: Report, spawn_args: str | None, o: dict[str, Any]) -> 
 @click.option(
     "--requests", type=int, help="[closed, open] Requests measured instead of --duration."
 )
-@click.option("--warmup", default=5.0, help="[closed, open] Seconds of load before measuring.")
+@click.option(
+    "--warmup",
+    default=5.0,
+    help="[closed, open] Seconds of the same load, unbroken, before the measured window.",
+)
 @click.option("--latency-requests", default=300, help="[latency] Queries measured.")
 @click.option("--encoding-format", default="float", type=click.Choice(["float", "base64"]))
 @click.option(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -69,6 +69,14 @@ async def send(session: aiohttp.ClientSession, url: str, body: Body, due: float)
     return Sample(due, latency, status, texts, tokens)
 
 
+OnWindow = Callable[[], None] | None  # called when the measured window opens
+
+
+def _at_window(warmup_s: float, on_window: OnWindow) -> None:
+    if on_window is not None:
+        asyncio.get_running_loop().call_later(warmup_s, on_window)
+
+
 async def closed_loop(
     target: Target,
     bodies: Sequence[Body],
@@ -76,11 +84,16 @@ async def closed_loop(
     *,
     duration_s: float | None = None,
     count: int | None = None,
+    warmup_s: float = 0.0,
+    on_window: OnWindow = None,
 ) -> tuple[list[Sample], float]:
     """``concurrency`` clients, each sending its next request when the last one returns.
 
-    Stops starting requests after ``duration_s`` or ``count`` requests; waits for those in
-    flight. Returns the samples and the elapsed seconds from the first send to the last answer.
+    The load runs without a break through ``warmup_s`` and then the measured window. By
+    ``duration_s``: the samples are the requests that *completed* inside the window and the
+    elapsed time is ``duration_s``, so neither the ramp-up nor the drain at the end (fewer
+    requests in flight than clients) dilutes a saturation rate. By ``count``: the first
+    ``count`` requests sent after the warm-up, timed to the last answer.
     """
     if (duration_s is None) == (count is None):
         raise ValueError("give exactly one of duration_s and count")
@@ -88,16 +101,27 @@ async def closed_loop(
     issued = itertools.count()
     samples: list[Sample] = []
     start = time.perf_counter()
-    stop_at = start + duration_s if duration_s is not None else float("inf")
+    window = start + warmup_s
+    stop_at = window + duration_s if duration_s is not None else float("inf")
+
+    def more() -> bool:
+        now = time.perf_counter()
+        if now >= stop_at:
+            return False
+        return count is None or now < window or next(issued) < count
 
     async def client(session: aiohttp.ClientSession) -> None:
         url = target.embeddings_url
-        while time.perf_counter() < stop_at and (count is None or next(issued) < count):
+        while more():
             samples.append(await send(session, url, next(picks), time.perf_counter()))
 
+    _at_window(warmup_s, on_window)
     async with target.session(concurrency) as session:
         await asyncio.gather(*(client(session) for _ in range(concurrency)))
-    return samples, time.perf_counter() - start
+    if duration_s is not None:
+        return [s for s in samples if window <= s.end_s < stop_at], duration_s
+    measured = [s for s in samples if s.start_s >= window]
+    return measured, max((s.end_s for s in measured), default=window) - window
 
 
 async def open_loop(
@@ -107,16 +131,24 @@ async def open_loop(
     *,
     duration_s: float | None = None,
     count: int | None = None,
+    warmup_s: float = 0.0,
+    on_window: OnWindow = None,
     seed: int = 0,
 ) -> tuple[list[Sample], float]:
     """Poisson arrivals at ``rate`` requests/s, whatever the answers do.
 
     Latency counts from each request's scheduled time, so a generator (or server) that falls
-    behind shows up in the percentiles instead of hiding (no coordinated omission).
+    behind shows up in the percentiles instead of hiding (no coordinated omission). The
+    samples are the requests due after ``warmup_s``, each awaited; the elapsed time runs to
+    the last answer, so a mesh that keeps up shows the offered rate and one that does not,
+    less.
     """
-    schedule = poisson_schedule(rate, duration_s=duration_s, count=count, seed=seed)
+    schedule = [*poisson_schedule(rate, duration_s=warmup_s, seed=seed + 1)] if warmup_s else []
+    measured = poisson_schedule(rate, duration_s=duration_s, count=count, seed=seed)
+    schedule += [warmup_s + offset for offset in measured]
     picks = itertools.cycle(bodies)
     tasks: list[asyncio.Task[Sample]] = []
+    _at_window(warmup_s, on_window)
     async with target.session(0) as session:
         start = time.perf_counter()
         for offset in schedule:
@@ -127,13 +159,25 @@ async def open_loop(
             tasks.append(
                 asyncio.create_task(send(session, target.embeddings_url, next(picks), due))
             )
-        samples = list(await asyncio.gather(*tasks))
-    end = max((s.start_s + s.latency_s for s in samples), default=time.perf_counter())
-    return samples, end - start
+        samples = [s for s in await asyncio.gather(*tasks) if s.start_s >= start + warmup_s]
+    window = start + warmup_s
+    return samples, max((s.end_s for s in samples), default=window) - window
 
 
 async def sequential(
-    target: Target, bodies: Sequence[Body], count: int
+    target: Target,
+    bodies: Sequence[Body],
+    count: int,
+    *,
+    warmup: int = 0,
+    on_window: OnWindow = None,
 ) -> tuple[list[Sample], float]:
-    """One request at a time: the latency of a lone query, queueing excluded."""
+    """One request at a time: the latency of a lone query, queueing excluded.
+
+    ``warmup`` requests first, not measured.
+    """
+    if warmup:
+        await closed_loop(target, bodies, 1, count=warmup)
+    if on_window is not None:
+        on_window()
     return await closed_loop(target, bodies, 1, count=count)

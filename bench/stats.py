@@ -25,6 +25,10 @@ class Sample:
     tokens: int = 0  # usage.prompt_tokens of a 200 answer, else 0
 
     @property
+    def end_s(self) -> float:
+        return self.start_s + self.latency_s
+
+    @property
     def ok(self) -> bool:
         return self.status == "200"
 

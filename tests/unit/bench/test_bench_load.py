@@ -66,24 +66,38 @@ async def test_closed_loop_sends_exactly_the_count_with_at_most_n_in_flight(stub
     assert elapsed >= 10 * stub.delay_s
 
 
-async def test_closed_loop_by_duration_stops_starting_requests_at_the_deadline(stub_target) -> None:
+async def test_closed_loop_by_duration_counts_what_completed_inside_the_window(stub_target) -> None:
     _, target = stub_target
-    samples, elapsed = await closed_loop(target, BODIES, 2, duration_s=0.3)
-    assert samples and 0.3 <= elapsed < 1.0
-    assert max(s.start_s for s in samples) - min(s.start_s for s in samples) < 0.3
+    opened: list[float] = []
+    samples, elapsed = await closed_loop(
+        target, BODIES, 2, duration_s=0.3, warmup_s=0.2, on_window=lambda: opened.append(1)
+    )
+    assert elapsed == 0.3 and opened == [1]
+    assert samples
+    first_start = min(s.start_s for s in samples)
+    # Warm-up answers are left out; the last answers end before the window closes.
+    assert max(s.end_s for s in samples) - first_start < 0.3 + 0.05
+
+
+async def test_closed_loop_by_count_measures_that_many_after_the_warmup(stub_target) -> None:
+    stub, target = stub_target
+    samples, elapsed = await closed_loop(target, BODIES, 3, count=12, warmup_s=0.1)
+    assert len(samples) == 12 and stub.calls > 12
+    assert elapsed > 0
 
 
 async def test_sequential_never_overlaps_requests(stub_target) -> None:
     stub, target = stub_target
-    samples, _ = await sequential(target, BODIES, 10)
-    assert len(samples) == 10 and stub.peak == 1
+    samples, _ = await sequential(target, BODIES, 10, warmup=3)
+    assert len(samples) == 10 and stub.calls == 13 and stub.peak == 1
 
 
 async def test_open_loop_sends_on_schedule_regardless_of_answers(stub_target) -> None:
     stub, target = stub_target
     stub.delay_s = 0.2  # answers slower than arrivals: requests must overlap
-    samples, _ = await open_loop(target, BODIES, 100, count=30, seed=1)
+    samples, _ = await open_loop(target, BODIES, 100, count=30, seed=1, warmup_s=0.1)
     assert len(samples) == 30 and stub.peak > 5
+    assert stub.calls > 30  # the warm-up arrivals went out too, unmeasured
     assert all(s.ok for s in samples)
     starts = sorted(s.start_s for s in samples)
     assert starts[-1] - starts[0] < 1.0  # ~0.3 s of arrivals at 100/s
