@@ -142,6 +142,8 @@ class RequestResult(Message):
     prompt_tokens: int  # tokens of the sequences in this chunk
     indices: np.ndarray  # int32 [k], sequence indices within the request
     embeddings: np.ndarray  # [k, d] of the dtype of the request's output kind
+    queue_ms: float = 0.0  # how long these sequences waited in the broker before dispatch
+    compute_ms: float = 0.0  # the worker's compute time of the batch that carried them
 
     def validate(self) -> None:
         if self.indices.ndim != 1 or self.embeddings.ndim != 2:

@@ -303,7 +303,10 @@ class Broker:
                     continue  # cancelled, expired or failed meanwhile: already answered
                 identity, cid = request.key
                 indices = np.arange(piece.start, piece.end, dtype=np.int32)
-                self._send_front(identity, RequestResult(cid, piece.tokens, indices, rows))
+                # Queue wait counts from submission, so a requeued slice reports it all.
+                queue_ms = (batch.dispatched_at - request.submitted_at) * 1000
+                chunk = RequestResult(cid, piece.tokens, indices, rows, queue_ms, msg.compute_ms)
+                self._send_front(identity, chunk)
                 self.queue.complete(request, piece.end - piece.start)
         self._dispatch(worker.model.name, now)
 

@@ -51,6 +51,8 @@ class EmbedResult:
 
     embeddings: np.ndarray  # [n, d]; float32, float16, int8 or uint8 (packed bits)
     prompt_tokens: int
+    queue_ms: float = 0.0  # the longest broker queue wait among its chunks
+    compute_ms: float = 0.0  # the worker compute time of the batches that carried it
 
 
 @dataclass
@@ -64,6 +66,8 @@ class _Pending:
     received: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     count: int = 0
     prompt_tokens: int = 0
+    queue_ms: float = 0.0
+    compute_ms: float = 0.0
 
     def add(self, chunk: RequestResult) -> bool:
         """Store a chunk; True once every sequence has arrived."""
@@ -84,6 +88,8 @@ class _Pending:
         self.count += int(fresh.sum())
         if fresh.all():
             self.prompt_tokens += chunk.prompt_tokens
+            self.queue_ms = max(self.queue_ms, chunk.queue_ms)
+            self.compute_ms += chunk.compute_ms
         return self.count == self.n
 
 
@@ -245,7 +251,14 @@ class BrokerConnection:
                 self._finish(msg.cid)
                 if not pending.future.done():
                     assert pending.out is not None
-                    pending.future.set_result(EmbedResult(pending.out, pending.prompt_tokens))
+                    pending.future.set_result(
+                        EmbedResult(
+                            pending.out,
+                            pending.prompt_tokens,
+                            pending.queue_ms,
+                            pending.compute_ms,
+                        )
+                    )
         elif isinstance(msg, RequestError):
             pending = self._finish(msg.cid)
             if pending is not None and not pending.future.done():

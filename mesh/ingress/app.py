@@ -174,6 +174,8 @@ async def _embeddings(request: web.Request) -> web.Response:
     )  # fmt: skip
     lane_name = "batch" if lane == Lane.BATCH else "interactive"
     metrics.mesh.labels(info.name, lane_name).observe(time.perf_counter() - start)
+    metrics.queue.labels(info.name, lane_name).observe(result.queue_ms / 1000)
+    metrics.inference.labels(info.name, lane_name).observe(result.compute_ms / 1000)
     embeddings = result.embeddings
     if embeddings.dtype != np.dtype(OUTPUT_KINDS[kind]) or len(embeddings) != req.n_inputs:
         raise ProtocolViolation(

@@ -4,9 +4,9 @@ Request-side series are counted as requests pass; broker-side series (queue dept
 tokens, workers per model, liveness) are read at scrape time from the Pong stats the client
 keeps for each broker, so a scrape always shows the latest heartbeat's view.
 
-The mesh does not report how long a request waited in the broker's queue apart from how long
-its batches ran, so the ingress measures the sum (``mesh_duration``: submit to last result),
-split by lane; the broker's queue depth gauges show where that time goes.
+Results carry how long their sequences waited in the broker's queue and the compute time of the
+batches that carried them: ``queue_duration`` and ``inference_duration``, beside
+``mesh_duration`` (submit to last result, as the ingress sees it), all split by lane.
 """
 
 from __future__ import annotations
@@ -54,6 +54,16 @@ class IngressMetrics:
         self.mesh = Histogram(
             "embedmesh_ingress_mesh_duration_seconds",
             "Inference time seen by the ingress: submit to last result (broker queue + batches).",
+            ["model", "lane"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue = Histogram(
+            "embedmesh_ingress_queue_duration_seconds",
+            "Longest wait of a request's sequences in the broker queue before dispatch.",
+            ["model", "lane"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.inference = Histogram(
+            "embedmesh_ingress_inference_duration_seconds",
+            "Worker compute time of the batches that carried a request.",
             ["model", "lane"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         if client is not None:

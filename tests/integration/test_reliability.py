@@ -210,6 +210,8 @@ async def test_tcp_loopback_mesh_serves(tcp_mesh: Mesh) -> None:
         result = await client.embed(["over tcp"] * 3, MODEL, timeout_s=30)
         assert result.embeddings.shape == (3, 384)
         assert np.allclose(result.embeddings[0], result.embeddings[2])
+        # Results report the broker queue wait and the worker's compute time.
+        assert result.compute_ms > 0 and result.queue_ms >= 0
 
 
 def test_worker_ignores_garbage_from_its_broker(tmp_path: Path) -> None:

@@ -287,6 +287,11 @@ async def test_metrics_count_requests_errors_tokens_and_show_broker_gauges(
     ]:
         assert line in text, line
     assert 'embedmesh_ingress_mesh_duration_seconds_count{lane="interactive",model="tiny"}' in text
+    assert 'embedmesh_ingress_queue_duration_seconds_count{lane="interactive",model="tiny"}' in text
+    assert (
+        'embedmesh_ingress_inference_duration_seconds_count{lane="interactive",model="tiny"}'
+        in text
+    )
     assert "embedmesh_ingress_tokenize_duration_seconds_count 1.0" in text
     assert 'embedmesh_ingress_request_duration_seconds_bucket{le="0.005"' in text
 
