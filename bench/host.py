@@ -24,6 +24,14 @@ def _busy_idle() -> tuple[int, int]:
     return sum(fields) - idle, idle
 
 
+def _steal_ticks() -> int:
+    """CPU time the hypervisor gave to other guests while ours wanted to run (all CPUs)."""
+    try:
+        return int(Path("/proc/stat").read_text().split("\n", 1)[0].split()[8])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def busy_share(seconds: float = 3.0) -> float:
     """Fraction of all CPUs busy over the next ``seconds`` (NaN without /proc)."""
     try:
@@ -89,6 +97,7 @@ class CpuUse:
 
     others: float  # 0..1 of all CPUs; NaN when unknown
     ours: dict[str, float] = field(default_factory=dict)  # role -> cores (1.0 = one core busy)
+    steal: float = math.nan  # 0..1 of all CPUs taken by the hypervisor for other guests
 
 
 class CpuWatch:
@@ -101,12 +110,14 @@ class CpuWatch:
     def __init__(self) -> None:
         self._before: dict[int, tuple[int, int]] = {}
         self._t0 = 0.0
+        self._steal0 = 0
 
     def start(self) -> None:
         try:
             self._before = _process_ticks()
         except OSError:
             self._before = {}
+        self._steal0 = _steal_ticks()
         self._t0 = time.monotonic()
 
     def stop(self) -> CpuUse:
@@ -127,4 +138,6 @@ class CpuWatch:
             else:
                 role = _role(pid)
                 by_role[role] = by_role.get(role, 0.0) + ticks / _TICKS / elapsed
-        return CpuUse(max(0.0, others / _TICKS / (elapsed * _cpus())), by_role)
+        cpu_s = elapsed * _cpus() * _TICKS
+        steal = (_steal_ticks() - self._steal0) / cpu_s
+        return CpuUse(max(0.0, others / cpu_s), by_role, steal)

@@ -17,6 +17,7 @@ from bench.host import CpuUse
 from bench.stats import RunStats
 
 NOISY_OTHER_CPU = 0.05  # others' CPU share past which a run's numbers get a warning
+NOISY_STEAL = 0.10  # likewise for the hypervisor's steal (other guests on the same host)
 
 
 def machine() -> dict[str, Any]:
@@ -65,7 +66,7 @@ class Report:
     args: dict[str, Any]
     baseline: BaselineResult | None = None
     runs: list[Run] = field(default_factory=list)
-    baseline_other_cpu: float | None = None
+    baseline_cpu: CpuUse | None = None
     started: str = field(
         default_factory=lambda: datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     )
@@ -84,7 +85,8 @@ class Report:
                 "machine": self.host,
                 "args": self.args,
                 "baseline": self.baseline.as_dict() if self.baseline else None,
-                "baseline_other_cpu": self.baseline_other_cpu,
+                "baseline_other_cpu": self.baseline_cpu.others if self.baseline_cpu else None,
+                "baseline_steal": self.baseline_cpu.steal if self.baseline_cpu else None,
                 "runs": [
                     {
                         "config": r.config,
@@ -92,6 +94,7 @@ class Report:
                         "load": r.load,
                         "vs_baseline": self.ratio(r),
                         "other_cpu": r.other_cpu,
+                        "steal": r.cpu.steal if r.cpu is not None else None,
                         "cpu_cores_by_role": r.cpu.ours if r.cpu is not None else None,
                         **r.stats.as_dict(),
                     }
@@ -107,7 +110,10 @@ class Report:
             f"{self.started}  {h['nproc']} cpus ({h['cpu']}), {h['mem_gib']} GiB RAM, "
             f"load average {h['loadavg_1m']} at start"
         ]
-        header = "config mode load ok/sent req/s texts/s tok/s p50_ms p90_ms p99_ms vs_ST other_cpu"
+        header = (
+            "config mode load ok/sent req/s texts/s tok/s p50_ms p90_ms p99_ms vs_ST other_cpu "
+            "steal"
+        )
         rows = [[c.replace("_", " ") for c in header.split(" ")]]
         rows += [self._run_row(r) for r in self.runs]
         rows += self._baseline_rows()
@@ -125,12 +131,7 @@ class Report:
             for r in self.runs
             if r.cpu is not None and r.cpu.ours
         ]
-        busy = [r for r in self.runs if (r.other_cpu or 0) > NOISY_OTHER_CPU]
-        lines += [
-            f"warning: other processes took {r.other_cpu:.0%} of the CPUs during {r.config} "
-            f"{r.mode}; its numbers are skewed"
-            for r in busy
-        ]
+        lines += [w for r in self.runs if (w := _noise_warning(r))]
         return "\n".join(lines)
 
     def _run_row(self, r: Run) -> list[str]:
@@ -148,6 +149,7 @@ class Report:
             f"{lat['p99']:.1f}",
             "" if math.isnan(ratio) else f"{ratio:.2f}x",
             _share(r.other_cpu),
+            _share(r.cpu.steal if r.cpu is not None else None),
         ]
 
     def _baseline_rows(self) -> list[list[str]]:
@@ -167,10 +169,22 @@ class Report:
                 "",
                 "",
                 "",
-                _share(self.baseline_other_cpu),
+                _share(self.baseline_cpu.others if self.baseline_cpu else None),
+                _share(self.baseline_cpu.steal if self.baseline_cpu else None),
             ]
             for size, m in b.by_batch_size.items()
         ]
+
+
+def _noise_warning(r: Run) -> str:
+    if r.cpu is None:
+        return ""
+    why = []
+    if r.cpu.others > NOISY_OTHER_CPU:
+        why.append(f"other processes took {r.cpu.others:.0%} of the CPUs")
+    if r.cpu.steal > NOISY_STEAL:
+        why.append(f"the hypervisor stole {r.cpu.steal:.0%}")
+    return f"warning: during {r.config} {r.mode} " + " and ".join(why) if why else ""
 
 
 def _share(value: float | None) -> str:

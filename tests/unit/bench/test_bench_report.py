@@ -63,7 +63,7 @@ def test_table_shows_each_run_the_baseline_and_the_errors() -> None:
     assert "batch 8" in table and "batch 32" in table
     assert "{'429': 1}" in table
     assert "worker 1.50, ingress 0.25" in table
-    assert "other processes took 30%" in table
+    assert "other processes took 30% of the CPUs" in table
 
 
 def test_json_report_carries_machine_baseline_and_runs() -> None:
@@ -74,3 +74,9 @@ def test_json_report_carries_machine_baseline_and_runs() -> None:
     assert run["tokens_per_s"] == 5000.0 and run["errors"] == {"429": 1}
     assert run["other_cpu"] == 0.3 and run["cpu_cores_by_role"]["worker"] == 1.5
     assert set(run["latency_ms"]) == {"p50", "p90", "p99", "mean", "max"}
+
+
+def test_a_run_with_much_steal_gets_a_warning() -> None:
+    report = _report()
+    report.runs[0].cpu = CpuUse(0.0, {"worker": 1.9}, steal=0.25)
+    assert "the hypervisor stole 25%" in report.table()
