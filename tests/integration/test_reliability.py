@@ -14,6 +14,7 @@ import pytest
 import zmq
 
 from mesh.client import MeshClient
+from mesh.config import Liveness
 from mesh.errors import DeadlineExceeded, Overloaded, Unavailable
 from mesh.worker.engine.card import default_model_path
 from mesh.worker.engine.engine import Engine
@@ -37,8 +38,16 @@ def reference() -> Engine:
     return Engine.load(default_model_path(), threads=1)
 
 
-def expected(engine: Engine, client_ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    return finalize(engine.embed(client_ids, offsets), None, True, "float32")
+def expected_batch(engine: Engine, tokenized: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Reference vectors of single-sequence inputs, computed in packed chunks of 100."""
+    out = []
+    for i in range(0, len(tokenized), 100):
+        part = tokenized[i : i + 100]
+        ids = np.concatenate([p[0] for p in part])
+        lengths = np.array([len(p[0]) for p in part])
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        out.append(finalize(engine.embed(ids, offsets), None, True, "float32"))
+    return np.concatenate(out)
 
 
 async def test_killing_one_of_two_workers_loses_no_request(mesh: Mesh, reference: Engine) -> None:
@@ -46,7 +55,10 @@ async def test_killing_one_of_two_workers_loses_no_request(mesh: Mesh, reference
     victim = mesh.start_worker()
     mesh.start_worker()
     texts = corpus_texts(500)
-    async with MeshClient(mesh.frontend, liveness=TEST_LIVENESS) as client:
+    # The client's own liveness is relaxed: this test is about the worker's death, and a loaded
+    # 2-core CI machine can delay the client's event loop while two workers compute.
+    client_liveness = Liveness(TEST_LIVENESS.interval_s, 4 * TEST_LIVENESS.liveness)
+    async with MeshClient(mesh.frontend, liveness=client_liveness) as client:
         await wait_for_workers(client, 2)
         tokenized = [await client.tokenize([t], MODEL, truncate=True) for t in texts]
         tasks = [
@@ -60,11 +72,11 @@ async def test_killing_one_of_two_workers_loses_no_request(mesh: Mesh, reference
         results = await asyncio.gather(*tasks, return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
     assert not failures, f"{len(failures)} failed, first: {failures[0]!r}\n{mesh.logs()}"
-    assert sum(1 for t in tasks if t.done()) == 500
-    for (ids, offs), result in zip(tokenized, results, strict=True):
-        want = expected(reference, ids, offs)
-        assert result.embeddings.shape == (1, 384)
-        assert float(want[0] @ result.embeddings[0]) >= 0.9999
+    assert "requeueing" in mesh.logs()  # the victim really held work when it died
+    want = expected_batch(reference, tokenized)
+    got = np.concatenate([r.embeddings for r in results])
+    assert got.shape == (500, 384)
+    assert float(np.min(np.sum(want * got, axis=1))) >= 0.9999
 
 
 async def test_lost_broker_fails_pending_calls_then_recovers(mesh: Mesh) -> None:
