@@ -103,6 +103,18 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     "--threads", type=int, help="[worker] torch intra-op threads (default: one per core)."
 )
 @click.option(
+    "--warmup-buckets",
+    default="",
+    help="[worker] CUDA: token buckets whose graphs are captured at start, comma-separated "
+    "(e.g. 16,64,256,1024); others are captured lazily as traffic reaches them.",
+)
+@click.option(
+    "--no-compile",
+    is_flag=True,
+    help="[worker] CUDA: skip torch.compile of the per-layer elementwise parts "
+    "(faster start, slower batches).",
+)
+@click.option(
     "--test-hang-after",
     type=int,
     hidden=True,
@@ -208,6 +220,8 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
                 max_batch_tokens=opts["max_batch_tokens"],  # type: ignore[arg-type]
                 max_batch_requests=int(opts["max_batch_requests"]),  # type: ignore[call-overload]
                 threads=opts["threads"],  # type: ignore[arg-type]
+                warmup_buckets=[int(b) for b in str(opts["warmup_buckets"]).split(",") if b],
+                compile_elementwise=not opts["no_compile"],
                 test_hang_after=opts["test_hang_after"],  # type: ignore[arg-type]
             )
             run_worker(cfg, liveness, security)

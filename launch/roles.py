@@ -95,6 +95,8 @@ class WorkerConfig:
     max_batch_requests: int
     threads: int | None
     test_hang_after: int | None = None
+    warmup_buckets: list[int] | None = None  # CUDA graphs to capture at start
+    compile_elementwise: bool = True  # CUDA: torch.compile of the per-layer non-GEMM parts
 
 
 def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> None:
@@ -114,7 +116,10 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         served_name=cfg.served_name,
         max_batch_tokens=cfg.max_batch_tokens,
         threads=cfg.threads,
+        compile_elementwise=cfg.compile_elementwise,
     )
+    if cfg.warmup_buckets:
+        engine.warmup(cfg.warmup_buckets)
     card = engine.card
     info = ModelInfo(
         name=card.name,

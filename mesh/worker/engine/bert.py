@@ -51,16 +51,52 @@ class BertLayer(nn.Module):
         self.register_buffer("ln2_b", take("output.LayerNorm.bias"))
 
     def forward(self, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        total, hidden = x.shape
+        total = x.shape[0]
         qkv = F.linear(x, self.qkv_w, self.qkv_b).view(total, 3, self.num_heads, -1)
-        a = attn.run(qkv[:, 0], qkv[:, 1], qkv[:, 2]).reshape(total, hidden)
-        x = F.layer_norm(
-            x + F.linear(a, self.out_w, self.out_b), (hidden,), self.ln1_w, self.ln1_b, self.eps
+        a = attn.run(qkv[:, 0], qkv[:, 1], qkv[:, 2])
+        return _kernels.after_attention(
+            x,
+            a.reshape(x.shape),
+            (self.out_w, self.out_b, self.ln1_w, self.ln1_b),
+            (self.up_w, self.up_b, self.down_w, self.down_b, self.ln2_w, self.ln2_b),
+            self.eps,
         )
-        h = F.gelu(F.linear(x, self.up_w, self.up_b))  # exact erf GELU, as BERT's "gelu"
-        return F.layer_norm(
-            x + F.linear(h, self.down_w, self.down_b), (hidden,), self.ln2_w, self.ln2_b, self.eps
-        )
+
+
+def after_attention(
+    x: torch.Tensor,
+    a: torch.Tensor,
+    attn_out: tuple[torch.Tensor, ...],
+    mlp: tuple[torch.Tensor, ...],
+    eps: float,
+) -> torch.Tensor:
+    """Output projection, residual, LayerNorm, GELU MLP, residual, LayerNorm.
+
+    A plain function of tensors (no module state) so that one ``torch.compile`` of it serves
+    every layer: compiling a bound method would guard on ``self`` and recompile per layer.
+    """
+    out_w, out_b, ln1_w, ln1_b = attn_out
+    up_w, up_b, down_w, down_b, ln2_w, ln2_b = mlp
+    hidden = (x.shape[-1],)
+    x = F.layer_norm(x + F.linear(a, out_w, out_b), hidden, ln1_w, ln1_b, eps)
+    h = F.gelu(F.linear(x, up_w, up_b))  # exact erf GELU, as BERT's "gelu"
+    return F.layer_norm(x + F.linear(h, down_w, down_b), hidden, ln2_w, ln2_b, eps)
+
+
+class _Kernels:
+    """The per-layer functions the layers call: plain, or compiled by
+    :func:`compile_elementwise` (GPU: fuses the norms, GELU and residuals into few kernels)."""
+
+    after_attention = staticmethod(after_attention)
+
+
+_kernels = _Kernels()
+
+
+def compile_elementwise() -> None:
+    """Route every BERT layer through ``torch.compile``d versions (process-wide, idempotent)."""
+    if _kernels.after_attention is after_attention:
+        _kernels.after_attention = torch.compile(after_attention, dynamic=True)
 
 
 class BertEncoder(nn.Module):

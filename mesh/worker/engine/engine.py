@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -35,6 +36,9 @@ from mesh.worker.engine.cpu import keep_freed_memory
 from mesh.worker.engine.loader import load_model
 from mesh.worker.engine.outputs import finalize
 from mesh.worker.engine.pooling import pool, positions
+
+if TYPE_CHECKING:
+    from mesh.worker.engine.gpu import GpuRunner
 
 # Token budget per batch that a worker advertises in READY. On CPU, past a few thousand
 # tokens throughput is flat and only latency grows; on GPU a larger batch fills the device.
@@ -52,6 +56,7 @@ class Engine:
     dtype: torch.dtype
     max_batch_tokens: int
     attention: AttentionBackend
+    runner: GpuRunner | None = None
 
     @classmethod
     def load(
@@ -64,6 +69,9 @@ class Engine:
         threads: int | None = None,
         attention: AttentionBackend | None = None,
         tune_allocator: bool = True,
+        graphs: bool = True,
+        compile_elementwise: bool = True,
+        graph_max_tokens: int = 8192,
     ) -> Engine:
         """Load ``model_dir`` (Hugging Face layout) onto ``device``.
 
@@ -73,6 +81,11 @@ class Engine:
         ``attention`` None: the CPU SDPA backend (the FlashInfer backend is passed in by
         the GPU worker). ``tune_allocator``: on CPU, keep freed memory in the heap
         (:func:`mesh.worker.engine.cpu.keep_freed_memory`, process-wide); worth ~30 %.
+
+        On CUDA (see :mod:`mesh.worker.engine.gpu`): FlashInfer fa2 attention, ``graphs``
+        (CUDA graphs per token bucket up to ``graph_max_tokens``, captured lazily) and
+        ``compile_elementwise`` (``torch.compile`` of the per-layer norm/activation/residual
+        parts; the first batch of each new shape class then compiles, tens of seconds).
         """
         if threads is not None:
             torch.set_num_threads(threads)
@@ -82,7 +95,20 @@ class Engine:
         card = read_card(model_dir, served_name=served_name)
         model = load_model(model_dir, card, dtype=dtype, device=device)
         budget = max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(device.type, 8192)
-        return cls(card, model, device, model.dtype, budget, attention or cpu_backend())
+        if device.type != "cuda" or attention is not None:
+            return cls(card, model, device, model.dtype, budget, attention or cpu_backend())
+        from mesh.worker.engine.gpu import GpuRunner
+
+        if compile_elementwise:
+            _compile_family(card.family)
+        runner = GpuRunner(model, card, device, graph_max_tokens, graphs)
+        return cls(card, model, device, model.dtype, budget, runner.eager_attn, runner)
+
+    def warmup(self, buckets: list[int]) -> None:
+        """CUDA: capture the graphs of these token buckets now (no-op on CPU)."""
+        if self.runner is not None:
+            with torch.inference_mode():
+                self.runner.warmup(buckets)
 
     @property
     def vocab_size(self) -> int:
@@ -103,6 +129,9 @@ class Engine:
         n = lengths.shape[0]
         if n == 0:
             return torch.zeros(0, self.card.dims, dtype=torch.float32, device=self.device)
+        if self.runner is not None:
+            with torch.inference_mode():
+                return self.runner.embed(ids, offsets)
         with torch.inference_mode():
             ids_t = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
             cu = torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.int32)).to(self.device)
@@ -140,3 +169,11 @@ class Engine:
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
             raise ValueError(f"token id outside the vocabulary [0, {self.vocab_size})")
         return lengths
+
+
+def _compile_family(family: str) -> None:
+    if family == "bert":
+        from mesh.worker.engine.bert import compile_elementwise
+    else:
+        from mesh.worker.engine.qwen3 import compile_elementwise
+    compile_elementwise()

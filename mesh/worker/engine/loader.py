@@ -69,11 +69,12 @@ def _strip_prefix(key: str) -> str:
 
 
 def default_dtype(family: str, device: torch.device | str) -> torch.dtype:
-    """fp32 on CPU (half precision is slow there); on GPU fp16 for BERT-style encoders and
-    bf16 for Qwen3, whose activations can overflow fp16's range."""
+    """fp32 on CPU (half precision is slow there); bf16 on GPU for every family (fp16, which
+    keeps 3 more mantissa bits, is selectable: ``--dtype float16``; Qwen3 activations can
+    overflow its range)."""
     if torch.device(device).type == "cpu":
         return torch.float32
-    return torch.float16 if family == "bert" else torch.bfloat16
+    return torch.bfloat16
 
 
 def load_model(

@@ -1,0 +1,94 @@
+"""CUDA attention backend: FlashInfer's ragged prefill (backend fa2) over packed batches.
+
+One ``BatchPrefillWithRaggedKVCacheWrapper`` per shape of work: an eager one that takes any
+number of sequences, and one per CUDA-graph bucket made with ``use_cuda_graph=True`` (a fixed
+sequence count, the batch padded with empty sequences) so that its kernels can be captured
+once and re-planned with new lengths between replays. ``plan`` takes ``cu_seqlens`` on the
+host: FlashInfer needs the offsets on the CPU to build its work list, and a host tensor
+spares it a device-to-host sync.
+
+fa2, not fa3: on the H200 fa3 was slower on these shapes (109 vs 129-137 TFLOP/s) and its
+``plan`` 6-7x costlier (see ../shared/gpu/NOTES.md). This module imports flashinfer lazily,
+so the CPU path never needs it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# FlashInfer's recommended float workspace (split-k partial results); one per wrapper.
+WORKSPACE_BYTES = 128 * 1024 * 1024
+
+
+class FlashInferRagged:
+    """``AttentionBackend`` over FlashInfer fa2 ragged prefill.
+
+    ``heads``: (query heads, key/value heads, head_dim) of the model. ``capacity``: None for
+    an eager wrapper; for a CUDA-graph wrapper, ``(sequences, rows)``: every batch is padded
+    to exactly ``rows`` tokens (the padding tokens form one extra sequence, because FlashInfer
+    wants ``q.shape[0] == cu_seqlens[-1]``) and to ``sequences + 1`` sequences with empty
+    ones, which add no work to the kernel.
+    """
+
+    def __init__(
+        self,
+        heads: tuple[int, int, int],
+        dtype: torch.dtype,
+        device: torch.device,
+        capacity: tuple[int, int] | None = None,
+        workspace: torch.Tensor | None = None,
+    ) -> None:
+        import flashinfer
+
+        self.num_heads, self.num_kv_heads, self.head_dim = heads
+        self.dtype = dtype
+        self.capacity = capacity
+        self.workspace = (
+            workspace
+            if workspace is not None
+            else torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        )
+        kwargs = {}
+        if capacity is not None:
+            slots = capacity[0] + 2
+            kwargs = dict(
+                use_cuda_graph=True,
+                qo_indptr_buf=torch.empty(slots, dtype=torch.int32, device=device),
+                kv_indptr_buf=torch.empty(slots, dtype=torch.int32, device=device),
+            )
+        self.wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+            self.workspace, "NHD", backend="fa2", **kwargs
+        )
+        # plan() stages its work list in one pinned host buffer and copies it without a
+        # sync: the next plan must wait until the device has taken the last one.
+        self._planned: torch.cuda.Event | None = None
+
+    def plan(self, cu_seqlens: torch.Tensor, causal: bool, scale: float | None = None) -> None:
+        cu = cu_seqlens.to("cpu", torch.int32)
+        if self.capacity is not None:
+            sequences, rows = self.capacity
+            n = cu.numel() - 1
+            if n > sequences or int(cu[-1]) > rows:
+                raise ValueError(f"batch over this wrapper's capacity {self.capacity}")
+            pad = torch.full((sequences - n + 1,), rows, dtype=torch.int32)
+            cu = torch.cat([cu, pad])
+        if self._planned is not None:
+            self._planned.synchronize()
+        self.wrapper.plan(
+            cu,
+            cu,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            causal=causal,
+            sm_scale=scale,
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+            # Graph wrappers must keep their work partition fixed across re-plans.
+            disable_split_kv=self.capacity is not None,
+        )
+        self._planned = torch.cuda.Event()
+        self._planned.record()
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.wrapper.run(q, k, v)
