@@ -21,11 +21,12 @@ from typing import Any
 
 import click
 
+from bench import breakdown
 from bench.baseline import DEFAULT_BATCH_SIZES, run_in_subprocess
 from bench.corpus import DEFAULT_CORPUS, load_texts, request_bodies
-from bench.host import CpuWatch, wait_quiet
+from bench.host import CpuUse, CpuWatch, wait_quiet
 from bench.load import Target, closed_loop, open_loop, sequential
-from bench.report import Report, Run
+from bench.report import Report, Run, noise
 from bench.spawn import SpawnedMesh
 from bench.stats import Sample, summarize
 
@@ -40,11 +41,31 @@ def _run(coro: Coroutine[Any, Any, Any]) -> Any:
     return uvloop.run(coro)
 
 
+class Window:
+    """What is watched while a window is measured: CPU by role, the ingress's histograms."""
+
+    def __init__(self, target: Target, own_mesh: bool) -> None:
+        self.target = target
+        self.own_mesh = own_mesh
+        self.watch = CpuWatch()
+        self.before: breakdown.Scrape = {}
+
+    def open(self) -> None:
+        self.before = breakdown.scrape(self.target.url, self.target.api_key)
+        self.watch.start()
+
+    def close(self) -> tuple[CpuUse | None, dict[str, float]]:
+        # With --url the mesh is not our child: its CPU would count as others'.
+        cpu = self.watch.stop() if self.own_mesh else None
+        after = breakdown.scrape(self.target.url, self.target.api_key)
+        return cpu, breakdown.mean_ms(self.before, after)
+
+
 def _measure(
-    mode: str, target: Target, o: dict[str, Any], watch: CpuWatch
+    mode: str, target: Target, o: dict[str, Any], window: Window
 ) -> tuple[str, list[Sample], float]:
-    """One mode, warm-up first (``watch`` starts when the measured window opens); returns its
-    load label, samples and elapsed seconds."""
+    """One mode, warm-up first (``window`` opens after it); returns its load label, samples
+    and elapsed seconds."""
     amount = {"count": o["requests"]} if o["requests"] else {"duration_s": o["duration"]}
     if mode == "latency":
         queries = load_texts(o["corpus"], kind="query")
@@ -55,14 +76,14 @@ def _measure(
                 bodies,
                 o["latency_requests"],
                 warmup=LATENCY_WARMUP_REQUESTS,
-                on_window=watch.start,
+                on_window=window.open,
             )
         )
         return "sequential, 1 query", samples, elapsed
     texts = load_texts(o["corpus"])
     tpr = o["texts_per_request"]
     bodies = request_bodies(texts, o["model_name"], tpr, o["encoding_format"])
-    timing = {**amount, "warmup_s": o["warmup"], "on_window": watch.start}
+    timing = {**amount, "warmup_s": o["warmup"], "on_window": window.open}
     if mode == "closed":
         conc = o["concurrency"]
         samples, elapsed = _run(closed_loop(target, bodies, conc, **timing))
@@ -83,6 +104,41 @@ def _wait_quiet(max_wait_s: float) -> None:
         click.echo(f"  still {share:.0%} busy; measuring anyway", err=True)
 
 
+def _baseline(report: Report, o: dict[str, Any]) -> None:
+    click.echo("baseline: sentence-transformers encode in-process ...", err=True)
+    sizes = tuple(int(b) for b in o["baseline_batch_sizes"].split(","))
+    _wait_quiet(o["wait_quiet"])
+    for attempt in range(1, o["retry_noisy"] + 2):
+        watch = CpuWatch()
+        watch.start()
+        report.baseline = run_in_subprocess(
+            o["corpus"], o["baseline_texts"], sizes, o["baseline_threads"]
+        )
+        report.baseline_cpu = watch.stop()
+        why = noise(report.baseline_cpu)
+        if not why or attempt > o["retry_noisy"]:
+            break
+        click.echo(f"  baseline: {why}; measuring again", err=True)
+        _wait_quiet(max(o["wait_quiet"], 60.0))
+    best = report.baseline.best
+    click.echo(f"  best: batch {best['batch_size']}, {best['tokens_per_s']:.0f} tok/s", err=True)
+
+
+def _measure_run(label: str, mode: str, target: Target, o: dict[str, Any], own_mesh: bool) -> Run:
+    """One mode's window; measured again (up to --retry-noisy times) while others skew it."""
+    for attempt in range(1, o["retry_noisy"] + 2):
+        window = Window(target, own_mesh)
+        load, samples, elapsed = _measure(mode, target, o, window)
+        cpu, stages = window.close()
+        run = Run(label, mode, load, summarize(samples, elapsed), cpu, stages, attempt)
+        why = noise(cpu)
+        if not why or attempt > o["retry_noisy"]:
+            return run
+        click.echo(f"  {label} {mode}: {why}; measuring again", err=True)
+        _wait_quiet(max(o["wait_quiet"], 60.0))
+    raise AssertionError("unreachable")
+
+
 def _bench_config(report: Report, spawn_args: str | None, o: dict[str, Any]) -> None:
     mesh = None
     if spawn_args is not None:
@@ -97,15 +153,11 @@ def _bench_config(report: Report, spawn_args: str | None, o: dict[str, Any]) -> 
     target = Target(url, o["api_key"], o["timeout"])
     try:
         for mode in o["mode"]:
-            watch = CpuWatch()
-            load, samples, elapsed = _measure(mode, target, o, watch)
-            # With --url the mesh is not our child: its CPU would count as others'.
-            cpu = watch.stop() if mesh is not None else None
-            run = Run(label, mode, load, summarize(samples, elapsed), cpu)
+            run = _measure_run(label, mode, target, o, own_mesh=mesh is not None)
             report.runs.append(run)
             s = run.stats
             click.echo(
-                f"  {label} {mode} {load}: {s.requests_per_s:.1f} req/s, "
+                f"  {label} {mode} {run.load}: {s.requests_per_s:.1f} req/s, "
                 f"{s.tokens_per_s:.0f} tok/s, p50 {s.latency_ms['p50']:.1f} ms, "
                 f"errors {s.errors or 'none'}",
                 err=True,
@@ -174,6 +226,12 @@ def _bench_config(report: Report, spawn_args: str | None, o: dict[str, Any]) -> 
     help="Before the baseline and each spawned mesh, wait up to this many seconds for the "
     "host to be under 15% busy (a shared machine skews every number).",
 )
+@click.option(
+    "--retry-noisy",
+    default=0,
+    help="Measure a window again, up to this many times, when other processes took over 5% "
+    "of the CPUs or the hypervisor stole over 10% meanwhile.",
+)
 @click.option("--seed", default=0, help="Seed of the Poisson schedule.")
 @click.option(
     "--json",
@@ -188,19 +246,7 @@ def main(**o: Any) -> None:
         | {"json_path": str(o["json_path"])}
     )
     if o["baseline"]:
-        click.echo("baseline: sentence-transformers encode in-process ...", err=True)
-        sizes = tuple(int(b) for b in o["baseline_batch_sizes"].split(","))
-        _wait_quiet(o["wait_quiet"])
-        watch = CpuWatch()
-        watch.start()
-        report.baseline = run_in_subprocess(
-            o["corpus"], o["baseline_texts"], sizes, o["baseline_threads"]
-        )
-        report.baseline_cpu = watch.stop()
-        best = report.baseline.best
-        click.echo(
-            f"  best: batch {best['batch_size']}, {best['tokens_per_s']:.0f} tok/s", err=True
-        )
+        _baseline(report, o)
     for spawn_args in o["spawn"] or [None]:
         _bench_config(report, spawn_args, o)
     click.echo(report.table())

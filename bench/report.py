@@ -55,6 +55,8 @@ class Run:
     load: str  # "c=16 x1", "rate=50/s x1", "seq x1"
     stats: RunStats
     cpu: CpuUse | None = None  # CPU by role, and others' share meanwhile (None: not measured)
+    stages_ms: dict[str, float] = field(default_factory=dict)  # mean ms per request, by stage
+    attempts: int = 1  # windows measured; earlier ones were discarded as noisy (--retry-noisy)
 
     @property
     def other_cpu(self) -> float | None:
@@ -95,6 +97,8 @@ class Report:
                         "vs_baseline": self.ratio(r),
                         "other_cpu": r.other_cpu,
                         "steal": r.cpu.steal if r.cpu is not None else None,
+                        "stages_ms": r.stages_ms,
+                        "attempts": r.attempts,
                         "cpu_cores_by_role": r.cpu.ours if r.cpu is not None else None,
                         **r.stats.as_dict(),
                     }
@@ -130,6 +134,12 @@ class Report:
             )
             for r in self.runs
             if r.cpu is not None and r.cpu.ours
+        ]
+        lines += [
+            f"mean ms per request in {r.config} {r.mode}: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in r.stages_ms.items())
+            for r in self.runs
+            if r.stages_ms
         ]
         lines += [w for r in self.runs if (w := _noise_warning(r))]
         return "\n".join(lines)
@@ -176,15 +186,21 @@ class Report:
         ]
 
 
-def _noise_warning(r: Run) -> str:
-    if r.cpu is None:
+def noise(cpu: CpuUse | None) -> str:
+    """Why a window's numbers are skewed by others ("" when they are not, or not known)."""
+    if cpu is None:
         return ""
     why = []
-    if r.cpu.others > NOISY_OTHER_CPU:
-        why.append(f"other processes took {r.cpu.others:.0%} of the CPUs")
-    if r.cpu.steal > NOISY_STEAL:
-        why.append(f"the hypervisor stole {r.cpu.steal:.0%}")
-    return f"warning: during {r.config} {r.mode} " + " and ".join(why) if why else ""
+    if cpu.others > NOISY_OTHER_CPU:
+        why.append(f"other processes took {cpu.others:.0%} of the CPUs")
+    if cpu.steal > NOISY_STEAL:
+        why.append(f"the hypervisor stole {cpu.steal:.0%}")
+    return " and ".join(why)
+
+
+def _noise_warning(r: Run) -> str:
+    why = noise(r.cpu)
+    return f"warning: during {r.config} {r.mode} {why}" if why else ""
 
 
 def _share(value: float | None) -> str:

@@ -15,6 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+from launch.supervisor import die_with_parent
+
 START_TIMEOUT_S = 180.0
 URL = re.compile(r" at (http://\S+/v1) ")
 
@@ -58,8 +60,15 @@ class SpawnedMesh:
     def start(self) -> str:
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         with self._log.open("w") as log:
+            # The supervisor dies with us, and its roles with it: a killed benchmark leaves
+            # no mesh behind.
             self.proc = subprocess.Popen(
-                self.command(free_port()), stdout=subprocess.PIPE, stderr=log, text=True, env=env
+                self.command(free_port()),
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=env,
+                preexec_fn=die_with_parent,
             )
         lines: queue.Queue[str] = queue.Queue()
         stdout = self.proc.stdout

@@ -198,11 +198,23 @@ def role_commands(opts: dict[str, Any], frontend: str, backend: str) -> dict[str
     return {name: [*args, *_common(opts)] for name, args in commands.items()}
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM when the supervisor dies, even by SIGKILL."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _load_libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+# Loaded here, in the parent: the child between fork and exec should only make the call.
+_LIBC = _load_libc()
+
+
+def die_with_parent() -> None:
+    """In a child before exec: get SIGTERM when the parent dies, even by SIGKILL (Linux)."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _spawn_all(opts: dict[str, Any], frontend: str, backend: str) -> list[Child]:
@@ -218,7 +230,7 @@ def _spawn_all(opts: dict[str, Any], frontend: str, backend: str) -> list[Child]
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=die_with_parent,
         )
         children.append(Child(name, proc))
     for child in children:

@@ -1,0 +1,48 @@
+"""Per-stage mean times from two scrapes of the ingress's /metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.breakdown import mean_ms, parse
+
+BEFORE = """
+# HELP embedmesh_ingress_request_duration_seconds Time to answer an HTTP request.
+embedmesh_ingress_request_duration_seconds_bucket{le="0.01",route="/v1/embeddings"} 1.0
+embedmesh_ingress_request_duration_seconds_sum{route="/v1/embeddings"} 1.0
+embedmesh_ingress_request_duration_seconds_count{route="/v1/embeddings"} 10.0
+embedmesh_ingress_request_duration_seconds_sum{route="/metrics"} 0.5
+embedmesh_ingress_request_duration_seconds_count{route="/metrics"} 3.0
+embedmesh_ingress_mesh_duration_seconds_sum{lane="0",model="m"} 0.6
+embedmesh_ingress_mesh_duration_seconds_count{lane="0",model="m"} 8.0
+embedmesh_ingress_mesh_duration_seconds_sum{lane="1",model="m"} 0.2
+embedmesh_ingress_mesh_duration_seconds_count{lane="1",model="m"} 2.0
+embedmesh_ingress_tokenize_duration_seconds_sum 0.01
+embedmesh_ingress_tokenize_duration_seconds_count 10.0
+"""
+
+AFTER = (
+    BEFORE.replace(
+        'seconds_sum{route="/v1/embeddings"} 1.0', 'seconds_sum{route="/v1/embeddings"} 2.5'
+    )
+    .replace(
+        'seconds_count{route="/v1/embeddings"} 10.0', 'seconds_count{route="/v1/embeddings"} 110.0'
+    )
+    .replace('seconds_count{route="/metrics"} 3.0', 'seconds_count{route="/metrics"} 4.0')
+)
+
+
+def test_parse_sums_label_sets_and_keeps_only_the_embeddings_route() -> None:
+    scrape = parse(BEFORE)
+    assert scrape["embedmesh_ingress_request_duration_seconds"] == (1.0, 10.0)
+    assert scrape["embedmesh_ingress_mesh_duration_seconds"] == pytest.approx((0.8, 10.0))
+    assert scrape["embedmesh_ingress_tokenize_duration_seconds"] == (0.01, 10.0)
+
+
+def test_mean_ms_is_the_difference_of_sums_over_the_difference_of_counts() -> None:
+    stages = mean_ms(parse(BEFORE), parse(AFTER))
+    assert stages == {"http": pytest.approx(15.0)}  # 1.5 s over 100 requests; others idle
+
+
+def test_no_metrics_gives_no_stages() -> None:
+    assert mean_ms({}, {}) == {}
