@@ -14,10 +14,31 @@ so the CPU path never needs it.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 # FlashInfer's recommended float workspace (split-k partial results); one per wrapper.
 WORKSPACE_BYTES = 128 * 1024 * 1024
+# Head dims FlashInfer 0.7.2 fa2 ragged prefill was checked on (H200, bf16, rel. error ~2e-3
+# vs float64). head_dim 32 (all-MiniLM-L6-v2) compiles but every run fails with "Invalid
+# configuration: NUM_MMA_D_QK=2 ..." (its fa2 tiling has no head_dim-32 config), so those
+# models take torch's packed varlen flash attention, the next best path in NOTES.md.
+FLASHINFER_HEAD_DIMS = (64, 128)
+
+
+def cuda_backend(
+    heads: tuple[int, int, int],
+    dtype: torch.dtype,
+    device: torch.device,
+    max_len: int,
+    capacity: tuple[int, int] | None = None,
+    workspace: torch.Tensor | None = None,
+) -> FlashInferRagged | TorchVarlen:
+    """The attention backend for a model's head shape on CUDA; see FLASHINFER_HEAD_DIMS."""
+    if heads[2] in FLASHINFER_HEAD_DIMS:
+        return FlashInferRagged(heads, dtype, device, capacity, workspace)
+    return TorchVarlen(heads, device, max_len, capacity)
 
 
 class FlashInferRagged:
@@ -92,3 +113,60 @@ class FlashInferRagged:
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self.wrapper.run(q, k, v)
+
+
+class TorchVarlen:
+    """``AttentionBackend`` over ``torch.nn.attention.varlen.varlen_attn`` (packed flash
+    attention), for head dims FlashInfer does not take.
+
+    ``capacity`` as for :class:`FlashInferRagged`, but the batch is padded with empty
+    sequences only (varlen does not need ``cu_seqlens[-1]`` to cover every row) and the
+    longest length is fixed at ``max_len``, because a captured kernel keeps its grid.
+    """
+
+    def __init__(
+        self,
+        heads: tuple[int, int, int],
+        device: torch.device,
+        max_len: int,
+        capacity: tuple[int, int] | None = None,
+    ) -> None:
+        from torch.nn.attention.varlen import varlen_attn
+
+        self.num_heads, self.num_kv_heads, self.head_dim = heads
+        self.device = device
+        self.capacity = capacity
+        self.max_len = max_len
+        self._attn = varlen_attn
+        self._params = set(inspect.signature(varlen_attn).parameters)
+        self._cu = (
+            torch.zeros(capacity[0] + 1, dtype=torch.int32, device=device) if capacity else None
+        )
+        self._max = max_len
+        self._kw: dict = {}
+
+    def plan(self, cu_seqlens: torch.Tensor, causal: bool, scale: float | None = None) -> None:
+        cu = cu_seqlens.to("cpu", torch.int32)
+        n = cu.numel() - 1
+        if self._cu is not None:
+            sequences, rows = self.capacity
+            if n > sequences or int(cu[-1]) > rows:
+                raise ValueError(f"batch over this backend's capacity {self.capacity}")
+            cu = torch.cat([cu, cu[-1:].expand(sequences - n)])
+            self._cu.copy_(cu)
+        else:
+            self._cu = cu.to(self.device)
+            self._max = int((cu[1:] - cu[:-1]).max()) if n else 1
+        self._kw = {"scale": scale}
+        if causal:
+            # torch 2.10 spells it is_causal; later versions take a window.
+            if "is_causal" in self._params:
+                self._kw["is_causal"] = True
+            else:
+                self._kw["window_size"] = (-1, 0)
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if k.shape[1] != q.shape[1]:
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        return self._attn(q, k, v, self._cu, self._cu, self._max, self._max, **self._kw)

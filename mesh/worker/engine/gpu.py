@@ -15,15 +15,19 @@ next batch while the device still runs this one; each graph reads static device 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from mesh.worker.engine.card import ModelCard
-from mesh.worker.engine.flashinfer_attention import WORKSPACE_BYTES, FlashInferRagged
+from mesh.worker.engine.flashinfer_attention import WORKSPACE_BYTES, cuda_backend
 from mesh.worker.engine.pooling import pool
+
+log = logging.getLogger("embedmesh.worker.gpu")
 
 # Most sequences a graph bucket holds; a batch with more runs eagerly. 1024 covers a full
 # 8k-token bucket of 8-token queries.
@@ -79,7 +83,7 @@ class _Staging:
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    attn: FlashInferRagged
+    attn: Any
     ids: torch.Tensor
     pos: torch.Tensor
     out: torch.Tensor
@@ -100,14 +104,19 @@ class GpuRunner:
         self.card = card
         self.device = device
         # Streams, events and pinned buffers below belong to the current device.
-        torch.cuda.set_device(device)
+        if device.index is not None:
+            torch.cuda.set_device(device)
         self.dtype = model.dtype
         self.heads = model_heads(model)
         self.graphs_on = graphs
         self.buckets = bucket_sizes(graph_max_tokens) if graphs else []
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self.eager_attn = FlashInferRagged(self.heads, self.dtype, device, workspace=self.workspace)
+        self.max_len = card.max_input_tokens
+        self.eager_attn = cuda_backend(
+            self.heads, self.dtype, device, self.max_len, workspace=self.workspace
+        )
         self.graphs: dict[int, _Graph] = {}
+        self.failed: set[int] = set()  # buckets whose capture failed: they stay eager
         self.pool = torch.cuda.graph_pool_handle()
         self.staging = [_Staging(16384), _Staging(16384)]
         self._turn = 0
@@ -136,19 +145,19 @@ class GpuRunner:
         if graph is not None:
             graph.ids[:total].copy_(ids_h, non_blocking=True)
             graph.pos[:total].copy_(pos_h, non_blocking=True)
-            stage.copied.record()
             graph.attn.plan(cu_h, self.card.causal)
+            stage.copied.record()  # after plan: it may copy from cu_h too
             graph.graph.replay()
             hidden = graph.out[:total]
         else:
             ids_d = ids_h.to(self.device, non_blocking=True)
             pos_d = pos_h.to(self.device, non_blocking=True)
-            stage.copied.record()
             self.eager_attn.plan(cu_h, self.card.causal)
+            stage.copied.record()
             hidden = self.model(ids_d, pos_d, self.eager_attn)
         pooled = pool(hidden, cu_d, self.card.pooling)
         if bucket is not None and graph is None and self._budget_left():
-            self.capture(bucket)
+            self._try_capture(bucket)
         return pooled
 
     def warmup(self, buckets: list[int]) -> None:
@@ -156,7 +165,7 @@ class GpuRunner:
         for tokens in buckets:
             bucket = self.bucket_for(tokens, 1)
             if bucket is not None and bucket not in self.graphs:
-                self.capture(bucket)
+                self._try_capture(bucket)
 
     def _budget_left(self) -> bool:
         now = time.monotonic()
@@ -164,12 +173,27 @@ class GpuRunner:
             self._window_start, self._captured_s = now, 0.0
         return self._captured_s < CAPTURE_BUDGET_S
 
+    def _try_capture(self, rows: int) -> None:
+        if rows in self.failed:
+            return
+        try:
+            self.capture(rows)
+        except Exception:  # a graph is an optimisation: serve eagerly rather than fail
+            log.exception("capture of the %d-token bucket failed; it stays eager", rows)
+            self.failed.add(rows)
+            torch.cuda.synchronize(self.device)
+
     def capture(self, rows: int) -> None:
         """Capture the forward of a ``rows``-token bucket into a CUDA graph."""
         started = time.perf_counter()
         seqs = min(rows, MAX_GRAPH_SEQUENCES)
-        attn = FlashInferRagged(
-            self.heads, self.dtype, self.device, capacity=(seqs, rows), workspace=self.workspace
+        attn = cuda_backend(
+            self.heads,
+            self.dtype,
+            self.device,
+            self.max_len,
+            capacity=(seqs, rows),
+            workspace=self.workspace,
         )
         ids = torch.zeros(rows, dtype=torch.int64, device=self.device)
         pos = torch.arange(rows, dtype=torch.int64, device=self.device) % 8
