@@ -172,7 +172,10 @@ def _check(value: Any, tp: Any, where: str) -> Any:
         ktp, vtp = typing.get_args(tp)
         if not isinstance(value, dict) or len(value) > limits.MAX_SEQUENCES:
             raise ProtocolError(f"{where}: expected a map")
-        return {_check(k, ktp, f"{where}.key"): _check(v, vtp, f"{where}.value") for k, v in value.items()}
+        return {
+            _check(k, ktp, f"{where}.key"): _check(v, vtp, f"{where}.value")
+            for k, v in value.items()
+        }
     if dataclasses.is_dataclass(tp):
         return _from_map(tp, value, where)
     if tp is bool:
