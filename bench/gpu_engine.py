@@ -177,9 +177,13 @@ def bench_st(path: Path, texts: list[str], tokens: int, sizes: list[int]) -> dic
     return best
 
 
-def bench_engine(path: Path, batches, tokens: int, out: Path, name: str) -> tuple[dict, Engine]:
+def bench_engine(
+    path: Path, batches, tokens: int, out: Path, name: str, compile_elementwise: bool = True
+) -> tuple[dict, Engine]:
     t = time.perf_counter()
-    engine = Engine.load(path, device="cuda", max_batch_tokens=BUDGET)
+    engine = Engine.load(
+        path, device="cuda", max_batch_tokens=BUDGET, compile_elementwise=compile_elementwise
+    )
     engine.warmup([16])
     load_s = time.perf_counter() - t
     t = time.perf_counter()
@@ -326,6 +330,7 @@ def main() -> None:
     ap.add_argument("--st-sizes", default="256,512")
     ap.add_argument("--no-st", action="store_true")
     ap.add_argument("--no-mesh", action="store_true")
+    ap.add_argument("--no-compile", action="store_true", help="engine without torch.compile")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1000 texts, minilm")
     args = ap.parse_args()
     if args.quick:
@@ -357,7 +362,9 @@ def main() -> None:
             st_tokens = int(lengths[:n_st].sum())
             sizes = [int(s) for s in args.st_sizes.split(",")]
             r["st"] = bench_st(path, texts[:n_st], st_tokens, sizes)
-        r["engine"], engine = bench_engine(path, batches, tokens, args.out, name)
+        r["engine"], engine = bench_engine(
+            path, batches, tokens, args.out, name, not args.no_compile
+        )
         causal = engine.card.causal
         del engine
         torch.cuda.empty_cache()
