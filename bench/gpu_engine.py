@@ -178,7 +178,7 @@ def bench_st(path: Path, texts: list[str], tokens: int, sizes: list[int]) -> dic
 
 
 def bench_engine(
-    path: Path, batches, tokens: int, out: Path, name: str, compile_elementwise: bool = True
+    path: Path, batches, tokens: int, out: Path, name: str, compile_elementwise: bool | None
 ) -> tuple[dict, Engine]:
     t = time.perf_counter()
     engine = Engine.load(
@@ -217,6 +217,9 @@ def bench_engine(
         "graphs": sorted(engine.runner.graphs),
         "latency_graphed": 16 in engine.runner.graphs,
         "attention": type(engine.runner.eager_attn).__name__,
+        "compiled": engine.card.family == "qwen3"
+        if compile_elementwise is None
+        else compile_elementwise,
         "capture_s": engine.runner.capture_seconds,
         "latency16_ms": 1000 * float(np.median(lat)),
     }, engine
@@ -363,7 +366,7 @@ def main() -> None:
             sizes = [int(s) for s in args.st_sizes.split(",")]
             r["st"] = bench_st(path, texts[:n_st], st_tokens, sizes)
         r["engine"], engine = bench_engine(
-            path, batches, tokens, args.out, name, not args.no_compile
+            path, batches, tokens, args.out, name, False if args.no_compile else None
         )
         causal = engine.card.causal
         del engine

@@ -96,7 +96,9 @@ class WorkerConfig:
     threads: int | None
     test_hang_after: int | None = None
     warmup_buckets: list[int] | None = None  # CUDA graphs to capture at start
-    compile_elementwise: bool = True  # CUDA: torch.compile of the per-layer non-GEMM parts
+    compile_elementwise: bool | None = (
+        None  # CUDA: torch.compile of non-GEMM parts; None: per family
+    )
 
 
 def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> None:

@@ -116,7 +116,7 @@ def _flags(opts: dict[str, Any], *names: str) -> list[str]:
     out: list[str] = []
     for name in names:
         value = opts.get(name)
-        if value is None or value is False:
+        if value is None or value is False or value == "":
             continue
         flag = "--" + name.replace("_", "-")
         out += [flag] if value is True else [flag, str(value)]
@@ -175,6 +175,8 @@ def role_commands(opts: dict[str, Any], frontend: str, backend: str) -> dict[str
                 "credits",
                 "max_batch_tokens",
                 "max_batch_requests",
+                "warmup_buckets",
+                "no_compile",
             ),
             *(["--threads", str(threads)] if threads is not None else []),
         ]

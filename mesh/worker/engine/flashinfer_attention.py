@@ -148,12 +148,12 @@ class TorchVarlen:
     def plan(self, cu_seqlens: torch.Tensor, causal: bool, scale: float | None = None) -> None:
         cu = cu_seqlens.to("cpu", torch.int32)
         n = cu.numel() - 1
-        if self._cu is not None:
+        if self.capacity is not None:
             sequences, rows = self.capacity
             if n > sequences or int(cu[-1]) > rows:
                 raise ValueError(f"batch over this backend's capacity {self.capacity}")
             cu = torch.cat([cu, cu[-1:].expand(sequences - n)])
-            self._cu.copy_(cu)
+            self._cu.copy_(cu)  # type: ignore[union-attr]
         else:
             self._cu = cu.to(self.device)
             self._max = int((cu[1:] - cu[:-1]).max()) if n else 1

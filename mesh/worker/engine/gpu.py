@@ -97,7 +97,7 @@ class GpuRunner:
         model: torch.nn.Module,
         card: ModelCard,
         device: torch.device,
-        graph_max_tokens: int = 8192,
+        graph_max_tokens: int = 16384,
         graphs: bool = True,
     ) -> None:
         self.model = model
