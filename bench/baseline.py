@@ -13,11 +13,12 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bench.corpus import DEFAULT_CORPUS, load_texts
 
 DEFAULT_BATCH_SIZES = (8, 32)
+DEFAULT_ENGINE_BUDGETS = (2048, 8192)  # tokens per batch: what 32 clients queue; the CPU default
 
 
 @dataclass
@@ -27,6 +28,8 @@ class BaselineResult:
     tokens: int
     threads: int
     by_batch_size: dict[int, dict[str, float]]  # batch size -> seconds, tokens_per_s, texts_per_s
+    # Our own engine on the same texts, no mesh: token budget -> the same three numbers.
+    engine_by_budget: dict[int, dict[str, float]] = field(default_factory=dict)
 
     @property
     def best(self) -> dict[str, float]:
@@ -64,8 +67,58 @@ def measure(texts: list[str], batch_sizes: tuple[int, ...], threads: int) -> Bas
     return BaselineResult(path, len(texts), tokens, threads, results)
 
 
+def measure_engine(texts: list[str], budgets: tuple[int, ...], threads: int) -> dict:
+    """embedmesh's engine in-process on the same texts, in first-come-first-served packed
+    batches of at most ``budget`` tokens (what the broker forms), post-processing included:
+    the mesh's tokens/s divided by this is what the mesh's processes and hops cost."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from mesh.worker.engine.card import default_model_path
+    from mesh.worker.engine.engine import Engine
+
+    engine = Engine.load(default_model_path(), threads=threads)
+    tok = Tokenizer.from_str(engine.card.tokenizer_json.decode("utf-8"))
+    tok.no_padding()
+    tok.enable_truncation(engine.card.max_input_tokens)
+    seqs = [np.asarray(e.ids, dtype=np.int32) for e in tok.encode_batch(texts)]
+    tokens = sum(len(x) for x in seqs)
+    results = {}
+    for budget in budgets:
+        batches, current, used = [], [], 0
+        for seq in seqs:
+            if current and used + len(seq) > budget:
+                batches.append(current)
+                current, used = [], 0
+            current.append(seq)
+            used += len(seq)
+        batches.append(current)
+        packed = [
+            (
+                np.concatenate(b),
+                np.concatenate([[0], np.cumsum([len(x) for x in b])]).astype(np.int32),
+            )
+            for b in batches
+        ]
+        engine.embed_final(*packed[0])  # warm-up
+        t0 = time.perf_counter()
+        for ids, offsets in packed:
+            engine.embed_final(ids, offsets)
+        seconds = time.perf_counter() - t0
+        results[budget] = {
+            "seconds": seconds,
+            "tokens_per_s": tokens / seconds,
+            "texts_per_s": len(texts) / seconds,
+        }
+    return results
+
+
 def run_in_subprocess(
-    corpus: str, limit: int | None, batch_sizes: tuple[int, ...], threads: int | None
+    corpus: str,
+    limit: int | None,
+    batch_sizes: tuple[int, ...],
+    threads: int | None,
+    engine_budgets: tuple[int, ...] = (),
 ) -> BaselineResult:
     """``measure`` in a fresh interpreter; raises RuntimeError with its stderr on failure."""
     import subprocess
@@ -83,13 +136,18 @@ def run_in_subprocess(
         cmd += ["--texts", str(limit)]
     if threads:
         cmd += ["--threads", str(threads)]
+    if engine_budgets:
+        cmd += ["--engine-budgets", ",".join(map(str, engine_budgets))]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"baseline failed ({done.returncode}):\n{done.stderr[-3000:]}")
     raw = json.loads(done.stdout)
     by_size = {int(k): v for k, v in raw["by_batch_size"].items()}
-    return BaselineResult(raw["model_path"], raw["texts"], raw["tokens"], raw["threads"], by_size)
+    engine = {int(k): v for k, v in raw.get("engine_by_budget", {}).items()}
+    return BaselineResult(
+        raw["model_path"], raw["texts"], raw["tokens"], raw["threads"], by_size, engine
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -98,10 +156,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--texts", type=int, help="use the first N texts (default: all)")
     parser.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)))
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--engine-budgets", default="", help="also our engine, these budgets")
     args = parser.parse_args(argv)
     texts = load_texts(args.corpus)[: args.texts]
     sizes = tuple(int(b) for b in args.batch_sizes.split(","))
     result = measure(texts, sizes, args.threads)
+    budgets = tuple(int(b) for b in args.engine_budgets.split(",") if b)
+    if budgets:
+        result.engine_by_budget = measure_engine(texts, budgets, args.threads)
     json.dump(result.as_dict(), sys.stdout)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from bench import breakdown
-from bench.baseline import DEFAULT_BATCH_SIZES, run_in_subprocess
+from bench.baseline import DEFAULT_BATCH_SIZES, DEFAULT_ENGINE_BUDGETS, run_in_subprocess
 from bench.corpus import DEFAULT_CORPUS, load_texts, request_bodies
 from bench.host import CpuUse, CpuWatch, wait_quiet
 from bench.load import Target, closed_loop, open_loop, sequential
@@ -111,8 +111,9 @@ def _baseline(report: Report, o: dict[str, Any]) -> None:
     for attempt in range(1, o["retry_noisy"] + 2):
         watch = CpuWatch()
         watch.start()
+        budgets = tuple(int(b) for b in o["engine_budgets"].split(",") if b)
         report.baseline = run_in_subprocess(
-            o["corpus"], o["baseline_texts"], sizes, o["baseline_threads"]
+            o["corpus"], o["baseline_texts"], sizes, o["baseline_threads"], budgets
         )
         report.baseline_cpu = watch.stop()
         why = noise(report.baseline_cpu)
@@ -216,6 +217,12 @@ def _bench_config(report: Report, spawn_args: str | None, o: dict[str, Any]) -> 
     "--baseline-batch-sizes",
     default=",".join(map(str, DEFAULT_BATCH_SIZES)),
     help="Batch sizes tried; the best counts.",
+)
+@click.option(
+    "--engine-budgets",
+    default=",".join(map(str, DEFAULT_ENGINE_BUDGETS)),
+    help="After the baseline, in the same process: our engine alone on the same texts in "
+    "FCFS batches of these token budgets (what the mesh costs on top); '' to skip.",
 )
 @click.option("--baseline-threads", type=int, help="torch threads (default: every core).")
 @click.option("--api-key", help="Bearer key, if the ingress wants one.")

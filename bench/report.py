@@ -166,24 +166,21 @@ class Report:
         b = self.baseline
         if b is None:
             return []
-        return [
-            [
-                f"sentence-transformers encode, {b.threads} threads",
-                "in-process",
-                f"batch {size}",
-                f"{b.texts} texts",
-                "",
-                f"{m['texts_per_s']:.1f}",
-                f"{m['tokens_per_s']:.0f}",
-                "",
-                "",
-                "",
-                "",
-                _share(self.baseline_cpu.others if self.baseline_cpu else None),
-                _share(self.baseline_cpu.steal if self.baseline_cpu else None),
-            ]
-            for size, m in b.by_batch_size.items()
-        ]
+        cpu = self.baseline_cpu
+        other = [_share(cpu.others if cpu else None), _share(cpu.steal if cpu else None)]
+        best = b.best["tokens_per_s"]
+        rows = []
+        for label, unit, results in (
+            (f"sentence-transformers encode, {b.threads} threads", "batch", b.by_batch_size),
+            (f"embedmesh engine alone, {b.threads} threads", "budget", b.engine_by_budget),
+        ):
+            for size, m in results.items():
+                rows.append([
+                    label, "in-process", f"{unit} {size}", f"{b.texts} texts", "",
+                    f"{m['texts_per_s']:.1f}", f"{m['tokens_per_s']:.0f}", "", "", "",
+                    f"{m['tokens_per_s'] / best:.2f}x", *other,
+                ])  # fmt: skip
+        return rows
 
 
 def noise(cpu: CpuUse | None) -> str:

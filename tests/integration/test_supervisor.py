@@ -194,7 +194,15 @@ def test_role_commands_pass_options_to_the_role_that_uses_them() -> None:
     from launch.supervisor import role_commands
 
     cmds = role_commands(
-        _opts(workers=2, threads=1, max_batch_tokens=4096, auto_truncate=True, http_port=9000),
+        _opts(
+            workers=2,
+            threads=1,
+            max_batch_tokens=4096,
+            auto_truncate=True,
+            http_port=9000,
+            warmup_buckets="16,64",
+            no_compile=True,
+        ),
         "ipc:///t/front",
         "ipc:///t/back",
     )
@@ -212,6 +220,7 @@ def test_role_commands_pass_options_to_the_role_that_uses_them() -> None:
     assert "--threads" in worker and worker[worker.index("--threads") + 1] == "1"
     assert worker[worker.index("--max-batch-tokens") + 1] == "4096"
     assert "--auto-truncate" in ingress and "--auto-truncate" not in worker
+    assert worker[worker.index("--warmup-buckets") + 1] == "16,64" and "--no-compile" in worker
     assert ingress[ingress.index("--http-port") + 1] == "9000"
     assert ingress[ingress.index("--broker") + 1] == "ipc:///t/front"
     assert all("--log-level" in c for c in cmds.values())

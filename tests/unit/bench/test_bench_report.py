@@ -43,6 +43,7 @@ def _report() -> Report:
             8: {"seconds": 3.0, "tokens_per_s": 4000.0, "texts_per_s": 33.3},
             32: {"seconds": 4.0, "tokens_per_s": 3000.0, "texts_per_s": 25.0},
         },
+        {2048: {"seconds": 2.0, "tokens_per_s": 6000.0, "texts_per_s": 50.0}},
     )
     samples = [Sample(0.0, 0.02, "200", 1, 100)] * 50 + [Sample(0.0, 0.001, "429", 1)]
     report = Report(args={"mode": ["closed"]}, baseline=baseline)
@@ -61,6 +62,8 @@ def test_table_shows_each_run_the_baseline_and_the_errors() -> None:
     table = _report().table()
     assert "--workers 1" in table and "1.25x" in table and "5000" in table
     assert "batch 8" in table and "batch 32" in table
+    engine_row = next(line for line in table.splitlines() if "budget 2048" in line)
+    assert "embedmesh engine alone" in engine_row and "1.50x" in engine_row
     assert "{'429': 1}" in table
     assert "worker 1.50, ingress 0.25" in table
     assert "other processes took 30% of the CPUs" in table
