@@ -4,9 +4,10 @@ A batch of ``T`` tokens falls in the smallest bucket of at least ``T`` rows (16,
 then four buckets an octave, so padding stays under 25 %) up to ``graph_max_tokens``. A bucket
 runs eagerly until its graph exists; after an eager batch its graph is captured if the capture
 budget of the current window allows, so start-up stays fast and capture cost spreads over the
-first minutes of traffic (``warmup`` captures chosen buckets up front). Above
-``graph_max_tokens`` batches always run eagerly: there the GPU is the bottleneck and graphs
-add nothing (NOTES.md: 1.97 vs 2.00 M tok/s at 16k tokens), while padding would cost up to 25 %.
+first minutes of traffic (``warmup`` captures chosen buckets up front). Graphs go up to the
+16k-token batches too: measured on the H200 (docs/gpu.md), replaying them instead of launching
+eagerly took BERT-base from 1.75 to 1.99 M tok/s and MiniLM from 6.05 to 6.5 M, because this
+host's slow cores could not launch ~100 kernels a batch ahead of the GPU.
 
 Inputs go through pinned host buffers and ``non_blocking`` copies, so the host prepares the
 next batch while the device still runs this one; each graph reads static device buffers
