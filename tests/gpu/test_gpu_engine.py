@@ -114,7 +114,7 @@ def test_graph_replay_equals_eager_output(bert_dir) -> None:
     eager = Engine.load(bert_dir, device="cuda", graphs=False)
     graphed.warmup([1024])
     assert 1024 in graphed.runner.graphs
-    for seed, lengths in enumerate([[5, 300, 17, 400], [1, 2, 3, 700], [900]]):
+    for seed, lengths in enumerate([[5, 300, 17, 400], [1, 2, 3, 500], [450, 450]]):
         batch = pack(random_seqs(lengths, 1000, 30000, seed=10 + seed))
         ours, ref = graphed.embed(*batch), eager.embed(*batch)
         assert cosines(ours, ref).min() >= 0.9999
