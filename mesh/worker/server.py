@@ -50,18 +50,6 @@ class WorkerOptions:
     test_hang_after: int | None = None  # test hook: the compute loop hangs after N batches
 
 
-@dataclass
-class _InFlight:
-    """A batch between launch and reply: an error decided before compute, or a forward in
-    flight (``pooled`` on the host once ``ready`` has fired; None ``ready``: already there)."""
-
-    item: Incoming
-    error: BatchError | None = None
-    pooled: torch.Tensor | None = None
-    ready: torch.cuda.Event | None = None
-    started: float = 0.0
-
-
 class WorkerServer:
     def __init__(
         self,
@@ -89,114 +77,62 @@ class WorkerServer:
         )
         self.link = BrokerLink(ctx, broker_endpoint, ready, liveness, connect=connect)
         self._stop = threading.Event()
-        self._done = 0  # batches answered
 
     def stop(self) -> None:
         self._stop.set()
 
     def run(self) -> None:
-        """Serve until stop() (or a signal handler calling it).
-
-        On CUDA the loop is two deep: when the next batch is already queued, its ``embed`` is
-        launched before the previous batch's results are finalized and sent, so the GPU runs
-        one batch while the host validates, finalizes and serializes the other (results come
-        back through pinned memory, copied asynchronously). On CPU, where ``embed`` is
-        synchronous, each batch is finished before the next starts, as before.
-        """
+        """Serve until stop() (or a signal handler calling it)."""
         self.link.start()
         sender = self.link.result_sender()
-        pending: _InFlight | None = None
+        done = 0
         try:
             while not self._stop.is_set():
                 try:
-                    if pending is None:
-                        item = self.link.batches.get(timeout=0.1)
-                    else:
-                        item = self.link.batches.get_nowait()
+                    item = self.link.batches.get(timeout=0.1)
                 except queue.Empty:
-                    if pending is not None:
-                        self._finish(pending, sender)
-                        pending = None
                     continue
                 if item.epoch != self.link.epoch:
                     continue
                 if (
                     self.options.test_hang_after is not None
-                    and self._done >= self.options.test_hang_after
+                    and done >= self.options.test_hang_after
                 ):
-                    log.error("test hook: compute loop hangs now (after %d batches)", self._done)
+                    log.error("test hook: compute loop hangs now (after %d batches)", done)
                     self._stop.wait()
                     break
                 self.link.busy = True
-                launched = self._launch(item)
-                if pending is not None:
-                    self._finish(pending, sender)
-                    pending = None
-                if launched.ready is None:  # CPU or an early error: nothing to overlap
-                    self._finish(launched, sender)
-                else:
-                    pending = launched
+                frames = self._process(item)
+                self.link.busy = False
+                sender.send_multipart([str(item.epoch).encode(), *frames], copy=False)
+                done += 1
+                self.link.progress = done
         finally:
             sender.close(linger=0)
             self.link.stop()
 
-    def _launch(self, item: Incoming) -> _InFlight:
-        """Check a batch and start its forward; on CUDA this returns before it completes."""
+    def _process(self, item: Incoming) -> list[Any]:
         batch = item.batch
         expired = time.monotonic() - item.received_at > batch.timeout_ms / 1000
         if expired:
-            return _InFlight(
-                item,
-                BatchError(batch.batch_id, ErrorCode.DEADLINE_EXCEEDED, "batch expired", False),
+            return encode(
+                BatchError(batch.batch_id, ErrorCode.DEADLINE_EXCEEDED, "batch expired", False)
             )
         problem = self._check(batch)
         if problem:
-            return _InFlight(
-                item, BatchError(batch.batch_id, ErrorCode.INVALID_INPUT, problem, False)
-            )
-        started = time.perf_counter()
+            return encode(BatchError(batch.batch_id, ErrorCode.INVALID_INPUT, problem, False))
         try:
+            started = time.perf_counter()
             pooled = self.engine.embed(batch.token_ids, batch.offsets)
-        except ValueError as exc:
-            return _InFlight(
-                item, BatchError(batch.batch_id, ErrorCode.INVALID_INPUT, str(exc), False)
-            )
-        except Exception as exc:  # engine failure: let another worker try (attempt-capped)
-            log.exception("batch %d failed", batch.batch_id)
-            return _InFlight(item, BatchError(batch.batch_id, ErrorCode.INTERNAL, repr(exc), True))
-        ready = None
-        if pooled.is_cuda:
-            host = torch.empty(pooled.shape, dtype=pooled.dtype, pin_memory=True)
-            host.copy_(pooled, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-            pooled = host
-        return _InFlight(item, None, pooled, ready, started)
-
-    def _finish(self, flight: _InFlight, sender: Any) -> None:
-        frames = encode(flight.error) if flight.error is not None else self._result(flight)
-        self.link.busy = False
-        sender.send_multipart([str(flight.item.epoch).encode(), *frames], copy=False)
-        self._done += 1
-        self.link.progress = self._done
-
-    def _result(self, flight: _InFlight) -> list[Any]:
-        batch = flight.item.batch
-        try:
-            if flight.ready is not None:
-                flight.ready.synchronize()
-            pooled = flight.pooled
             groups = []
             for g, out in enumerate(batch.outputs):
                 rows = np.flatnonzero(batch.output_index == g)
                 part = pooled if len(batch.outputs) == 1 else pooled[torch.from_numpy(rows)]
                 groups.append(finalize(part, out.dims, out.normalize, out.kind))
-            # From launch to results on the host: with the two-deep loop on CUDA this
-            # includes waiting behind the previous batch on the device.
-            ms = (time.perf_counter() - flight.started) * 1000
+            ms = (time.perf_counter() - started) * 1000
         except ValueError as exc:  # e.g. dims wider than the model: the input is at fault
             return encode(BatchError(batch.batch_id, ErrorCode.INVALID_INPUT, str(exc), False))
-        except Exception as exc:
+        except Exception as exc:  # engine failure: let another worker try (attempt-capped)
             log.exception("batch %d failed", batch.batch_id)
             return encode(BatchError(batch.batch_id, ErrorCode.INTERNAL, repr(exc), True))
         return encode(BatchResult(batch_id=batch.batch_id, compute_ms=ms, embeddings=groups))
