@@ -138,6 +138,23 @@ def test_role_all_prints_its_url_serves_embeddings_and_stops_cleanly_on_sigterm(
     assert not [pid for pid in children if _alive(pid)], "children outlived the supervisor"
 
 
+def test_the_url_line_waits_for_every_worker(tmp_path: Path) -> None:
+    run = _start(tmp_path, "--workers", "2", "--threads", "1", "--http-port", str(_free_port()))
+    try:
+        line = run.first_line(START_S)
+        assert line.endswith("(2 workers, cpu)"), line
+        base = line.split(" at ")[1].split(" ")[0]
+        with urllib.request.urlopen(f"{base}/models", timeout=10) as resp:
+            models = json.loads(resp.read())["data"]
+        assert [m["workers"] for m in models] == [2]
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.proc.wait(timeout=30) == 0
+    finally:
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
