@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass, field
 
 from mesh.client import MeshClient
-from mesh.errors import ModelNotFound, Unavailable
 from proto_msgs import ModelInfo
 
 
@@ -38,21 +37,10 @@ class Catalog:
         return served
 
     def resolve(self, name: str) -> ModelInfo:
-        """The served model called ``name`` (or with that alias). Unavailable when no broker
-        answers (nothing can be said of the name then) or when the model was seen but has no
-        worker now; ModelNotFound otherwise."""
+        """The served model called ``name`` (or an alias); ``MeshClient.resolve`` decides
+        Unavailable (no broker, or a seen model without workers) versus ModelNotFound."""
         self.refresh()
-        if not any(b.alive for b in self.client.brokers):
-            raise Unavailable("no broker is reachable; retry later")
-        try:
-            return self.client.resolve(name)
-        except ModelNotFound:
-            for info in self.seen.values():
-                if name == info.name or name in info.aliases:
-                    raise Unavailable(
-                        f"no worker serves model {info.name!r} right now; retry later"
-                    ) from None
-            raise
+        return self.client.resolve(name)
 
     def health(self) -> Health:
         served = {m.name: m.workers for m in self.refresh()}

@@ -11,7 +11,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from mesh import errors
-from mesh.client import EmbedResult
+from mesh.client import EmbedResult, MeshClient
 from mesh.ingress.app import INTERACTIVE_MAX_TOKENS, create_app
 from mesh.ingress.config import IngressConfig
 from proto_msgs import BrokerStats, Lane, ModelInfo
@@ -42,15 +42,14 @@ class FakeClient:
         self.calls: list[dict] = []
         self.block: asyncio.Event | None = None
         self.cancelled = asyncio.Event()
+        self._seen: dict[str, ModelInfo] = {}
 
     def models(self) -> list[ModelInfo]:
         return [MODEL] if self.served and self.brokers[0].alive else []
 
-    def resolve(self, name: str) -> ModelInfo:
-        for m in self.models():
-            if name == m.name or name in m.aliases:
-                return m
-        raise errors.ModelNotFound(f"model {name!r} is not served")
+    # The real client's rule (unknown → 404, seen but workerless or no broker → 503), so these
+    # tests check the ingress against what the mesh client actually decides.
+    resolve = MeshClient.resolve
 
     async def tokenize(self, texts: list[str], model: str, *, truncate: bool = False):
         seqs = [[len(w) % 100 for w in t.split()] or [1] for t in texts]
