@@ -1,8 +1,11 @@
-"""A worker process: the compute loop on the main thread, the broker link on its own thread.
+"""A worker process: the compute loop on the main thread, the broker link on its own thread,
+a finisher thread between them.
 
-The link decodes batches into a queue; this loop runs the engine, post-processes each output
-group (Matryoshka prefix, normalization, quantization) and hands encoded results back to the
-link over inproc, so (de)serialization overlaps compute.
+The link decodes batches into a queue; the compute loop launches each on the engine with its
+output groups' post-processing (Matryoshka prefix, normalization, quantization; see
+:mod:`mesh.worker.pipeline`); the finisher waits for each batch's results in order, encodes
+them and hands them back to the link over inproc. So (de)serialization and the next batch's
+preparation overlap the device's work.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ import torch
 import zmq
 
 from mesh.config import Liveness
-from mesh.worker.engine.outputs import finalize
 from mesh.worker.link import BrokerLink, Incoming
+from mesh.worker.pipeline import Launched, ResultPipeline
 from proto_msgs import (
     BatchAssign,
     BatchError,
@@ -76,16 +79,28 @@ class WorkerServer:
             device=options.device,
         )
         self.link = BrokerLink(ctx, broker_endpoint, ready, liveness, connect=connect)
+        device = torch.device(getattr(engine, "device", "cpu"))
+        self.pipeline = ResultPipeline(engine, device, depth=max(1, options.credits))
+        self._done: queue.Queue[tuple[Incoming, Launched | list[Any]] | None] = queue.Queue()
+        self._outstanding = 0
+        self._busy_lock = threading.Lock()
         self._stop = threading.Event()
 
     def stop(self) -> None:
         self._stop.set()
 
     def run(self) -> None:
-        """Serve until stop() (or a signal handler calling it)."""
+        """Serve until stop() (or a signal handler calling it).
+
+        This (main) thread takes batches from the link and launches them; a finisher thread
+        waits for each launched batch's results in order and sends the reply. So the device
+        starts batch i + 1 while batch i's results are still on their way back, and batch
+        i's reply (its credit) leaves the moment its results exist.
+        """
         self.link.start()
-        sender = self.link.result_sender()
-        done = 0
+        finisher = threading.Thread(target=self._finish_loop, name="finisher", daemon=True)
+        finisher.start()
+        launched = 0
         try:
             while not self._stop.is_set():
                 try:
@@ -96,22 +111,21 @@ class WorkerServer:
                     continue
                 if (
                     self.options.test_hang_after is not None
-                    and done >= self.options.test_hang_after
+                    and launched >= self.options.test_hang_after
                 ):
-                    log.error("test hook: compute loop hangs now (after %d batches)", done)
+                    log.error("test hook: compute loop hangs now (after %d batches)", launched)
                     self._stop.wait()
                     break
-                self.link.busy = True
-                frames = self._process(item)
-                self.link.busy = False
-                sender.send_multipart([str(item.epoch).encode(), *frames], copy=False)
-                done += 1
-                self.link.progress = done
+                self._track(+1)
+                self._done.put((item, self._launch(item)))
+                launched += 1
         finally:
-            sender.close(linger=0)
+            self._done.put(None)
+            finisher.join(timeout=10)
             self.link.stop()
 
-    def _process(self, item: Incoming) -> list[Any]:
+    def _launch(self, item: Incoming) -> Launched | list[Any]:
+        """Launch ``item`` on the engine, or the frames of its error reply."""
         batch = item.batch
         expired = time.monotonic() - item.received_at > batch.timeout_ms / 1000
         if expired:
@@ -122,20 +136,43 @@ class WorkerServer:
         if problem:
             return encode(BatchError(batch.batch_id, ErrorCode.INVALID_INPUT, problem, False))
         try:
-            started = time.perf_counter()
-            pooled = self.engine.embed(batch.token_ids, batch.offsets)
-            groups = []
-            for g, out in enumerate(batch.outputs):
-                rows = np.flatnonzero(batch.output_index == g)
-                part = pooled if len(batch.outputs) == 1 else pooled[torch.from_numpy(rows)]
-                groups.append(finalize(part, out.dims, out.normalize, out.kind))
-            ms = (time.perf_counter() - started) * 1000
+            return self.pipeline.launch(batch)
         except ValueError as exc:  # e.g. dims wider than the model: the input is at fault
             return encode(BatchError(batch.batch_id, ErrorCode.INVALID_INPUT, str(exc), False))
         except Exception as exc:  # engine failure: let another worker try (attempt-capped)
             log.exception("batch %d failed", batch.batch_id)
             return encode(BatchError(batch.batch_id, ErrorCode.INTERNAL, repr(exc), True))
-        return encode(BatchResult(batch_id=batch.batch_id, compute_ms=ms, embeddings=groups))
+
+    def _finish_loop(self) -> None:
+        """Owner of the result socket: replies in launch order, counts progress."""
+        sender = self.link.result_sender()
+        done = 0
+        try:
+            while True:
+                entry = self._done.get()
+                if entry is None:
+                    break
+                item, launched = entry
+                frames = launched if isinstance(launched, list) else self._collect(launched)
+                sender.send_multipart([str(item.epoch).encode(), *frames], copy=False)
+                done += 1
+                self.link.progress = done
+                self._track(-1)
+        finally:
+            sender.close(linger=0)
+
+    def _collect(self, launched: Launched) -> list[Any]:
+        try:
+            groups, ms = self.pipeline.collect(launched)
+        except Exception as exc:  # a device fault surfaces here, at the wait
+            log.exception("batch %d failed", launched.batch_id)
+            return encode(BatchError(launched.batch_id, ErrorCode.INTERNAL, repr(exc), True))
+        return encode(BatchResult(batch_id=launched.batch_id, compute_ms=ms, embeddings=groups))
+
+    def _track(self, delta: int) -> None:
+        with self._busy_lock:
+            self._outstanding += delta
+            self.link.busy = self._outstanding > 0
 
     def _check(self, batch: BatchAssign) -> str | None:
         if batch.model != self.model.name:

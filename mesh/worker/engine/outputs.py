@@ -18,7 +18,16 @@ _BIT_WEIGHTS = (1 << torch.arange(7, -1, -1)).to(torch.uint8)
 def finalize(
     pooled: torch.Tensor, dims: int | None, normalize: bool, kind: str = "float32"
 ) -> np.ndarray:
-    """Turn ``pooled: float32 [n, D]`` into the array that goes on the wire.
+    """Turn ``pooled: float32 [n, D]`` into the array that goes on the wire (on the host);
+    see :func:`finalize_tensor` for the math. Synchronizes with the device."""
+    return finalize_tensor(pooled, dims, normalize, kind).cpu().numpy()
+
+
+def finalize_tensor(
+    pooled: torch.Tensor, dims: int | None, normalize: bool, kind: str = "float32"
+) -> torch.Tensor:
+    """What :func:`finalize` returns, as a contiguous tensor on ``pooled``'s device: the
+    worker's pipeline launches this, then copies it to pinned host memory asynchronously.
 
     1. Matryoshka truncation: keep the first ``dims`` components (``None``: all ``D``);
        ``dims`` outside ``1..D`` raises ValueError.
@@ -37,7 +46,7 @@ def finalize(
          first component in the most significant bit (``numpy.packbits`` default), the last
          byte zero-padded: ``uint8 [n, ceil(d / 8)]``. Compare with Hamming distance.
 
-    The math runs in torch on ``pooled``'s device; only the result is copied to the host.
+    The math runs in torch on ``pooled``'s device, without any host synchronization.
     """
     if pooled.dim() != 2:
         raise ValueError(f"pooled must be [n, D], got shape {tuple(pooled.shape)}")
@@ -57,7 +66,7 @@ def finalize(
         out = _int8(x)
     else:
         out = _binary(x)
-    return out.cpu().numpy()
+    return out.contiguous()
 
 
 def _int8(x: torch.Tensor) -> torch.Tensor:
@@ -66,12 +75,22 @@ def _int8(x: torch.Tensor) -> torch.Tensor:
     return torch.round(x * scale).clamp_(-127, 127).to(torch.int8)
 
 
+_WEIGHTS_ON: dict[torch.device, torch.Tensor] = {}
+
+
+def _bit_weights(device: torch.device) -> torch.Tensor:
+    # Cached per device: a fresh host-to-device copy per batch would stall the pipeline.
+    if device not in _WEIGHTS_ON:
+        _WEIGHTS_ON[device] = _BIT_WEIGHTS.to(device)
+    return _WEIGHTS_ON[device]
+
+
 def _binary(x: torch.Tensor) -> torch.Tensor:
     n, d = x.shape
     bits = (x > 0).to(torch.uint8)
     pad = (-d) % 8
     if pad:
         bits = torch.nn.functional.pad(bits, (0, pad))
-    weights = _BIT_WEIGHTS.to(x.device)
+    weights = _bit_weights(x.device)
     # Each byte is a dot product of 8 bits with their weights; the sum fits in uint8.
     return (bits.view(n, (d + pad) // 8, 8) * weights).sum(dim=2, dtype=torch.uint8)

@@ -1,0 +1,134 @@
+"""Launch a batch now, collect its host results later: what keeps a GPU fed from one worker.
+
+The compute loop calls :meth:`ResultPipeline.launch` for a batch: it validates nothing
+(the loop did), runs the engine's forward and each output group's post-processing
+(:func:`~mesh.worker.engine.outputs.finalize_tensor`) and, on CUDA, queues the copies of the
+results into a pinned host slot followed by an event, then returns without waiting. Another
+thread calls :meth:`collect` in launch order: it waits on that batch's event (the GIL is
+released while it waits), copies the results out of the slot and frees it. So while the
+device runs batch *i*, the compute thread already prepares and launches batch *i + 1*, and
+batch *i*'s reply (which returns the broker's credit) leaves as soon as its results exist.
+
+At most ``depth`` batches are launched and not yet collected (launch blocks for a free
+slot), which bounds device memory and matches the credits the worker advertises. On CPU
+there is nothing to overlap: launch computes the results and collect returns them.
+
+Slots are pinned buffers we own and reuse, rather than ``torch.empty(pin_memory=True)`` per
+batch, because allocating pinned memory can synchronize the device (docs/gpu.md: the first
+two-deep loop did that per batch and ran slower than the serial one).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from mesh.worker.engine.outputs import finalize_tensor
+from proto_msgs import BatchAssign
+
+_ALIGN = 64  # bytes; every group's results start on this boundary inside a slot
+
+
+class _Slot:
+    """One pinned host buffer; grown (rarely) when a batch's results do not fit."""
+
+    def __init__(self, pinned: bool = True) -> None:
+        self.pinned = pinned  # False only in CPU tests: pinning needs CUDA
+        self.buf = torch.empty(0, dtype=torch.uint8)
+
+    def views(self, outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        offsets, total = [], 0
+        for t in outputs:
+            offsets.append(total)
+            total += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+        if total > self.buf.numel():
+            size = max(1 << 20, 1 << (total - 1).bit_length())
+            self.buf = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
+        return [
+            self.buf[o : o + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+            for o, t in zip(offsets, outputs, strict=True)
+        ]
+
+
+@dataclass
+class Launched:
+    """A batch whose forward is queued; :meth:`ResultPipeline.collect` gives its results."""
+
+    batch_id: int
+    started: float
+    host: list[torch.Tensor] | list[np.ndarray]
+    done: torch.cuda.Event | None = None
+    slot: _Slot | None = None
+    keep: list[torch.Tensor] = field(default_factory=list)  # device results until copied
+
+
+class ResultPipeline:
+    def __init__(self, engine: object, device: torch.device, depth: int = 2) -> None:
+        self.engine = engine
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._free: list[_Slot] = [_Slot(self.cuda) for _ in range(depth)]
+        self._slots = threading.Semaphore(depth)
+        self._lock = threading.Lock()
+        self._last_done = 0.0
+
+    def launch(self, batch: BatchAssign) -> Launched:
+        """Queue ``batch``'s forward and result copies. Raises ValueError for input the
+        engine refuses (a client error) and anything else for an engine failure."""
+        started = time.perf_counter()
+        with torch.inference_mode():
+            pooled = self.engine.embed(batch.token_ids, batch.offsets)  # type: ignore[attr-defined]
+            outputs = []
+            for g, out in enumerate(batch.outputs):
+                if len(batch.outputs) == 1:
+                    part = pooled
+                else:
+                    rows = torch.from_numpy(np.flatnonzero(batch.output_index == g))
+                    part = pooled[rows.to(pooled.device)]
+                outputs.append(finalize_tensor(part, out.dims, out.normalize, out.kind))
+            if not self.cuda:
+                return Launched(batch.batch_id, started, [t.numpy() for t in outputs])
+            self._slots.acquire()
+            with self._lock:
+                slot = self._free.pop()
+            try:
+                host = slot.views(outputs)
+                for dst, src in zip(host, outputs, strict=True):
+                    dst.copy_(src, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record()
+            except BaseException:
+                self._release(slot)
+                raise
+        return Launched(batch.batch_id, started, host, done, slot, outputs)
+
+    def collect(self, launched: Launched) -> tuple[list[np.ndarray], float]:
+        """Wait for ``launched`` (call in launch order) and return its host results and the
+        milliseconds the device spent on it (from when it could start to when it finished)."""
+        try:
+            if launched.done is not None:
+                launched.done.synchronize()  # releases the GIL while it waits
+                results = [np.array(t.numpy()) for t in launched.host]  # out of the slot
+            else:
+                results = list(launched.host)  # type: ignore[arg-type]
+        finally:
+            if launched.slot is not None:
+                launched.keep.clear()
+                self._release(launched.slot)
+                launched.slot = None
+        now = time.perf_counter()
+        # Batches run one after another on the device: this one started when it was
+        # launched or when the previous one finished, whichever was later.
+        ms = (now - max(launched.started, self._last_done)) * 1000
+        self._last_done = now
+        return results, ms
+
+    def _release(self, slot: _Slot) -> None:
+        with self._lock:
+            self._free.append(slot)
+        self._slots.release()

@@ -1,0 +1,107 @@
+"""ResultPipeline on CPU: launch then collect gives what embed + finalize give, per group,
+in order; bad input raises at launch; the device-time accounting never double counts."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from mesh.worker.engine.outputs import finalize
+from mesh.worker.pipeline import ResultPipeline, _Slot
+from proto_msgs import BatchAssign, OutputOptions
+
+
+class FixedEngine:
+    """Pooled vectors that depend on the input, so a mix-up between batches shows."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, dims: int = 12, delay_s: float = 0.0) -> None:
+        self.dims = dims
+        self.delay_s = delay_s
+
+    def embed(self, ids: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
+        time.sleep(self.delay_s)
+        sums = np.add.reduceat(ids.astype(np.float64), offsets[:-1])
+        basis = torch.linspace(-1.0, 1.0, self.dims, dtype=torch.float64)
+        return (torch.from_numpy(sums)[:, None] * basis[None, :] + basis).float()
+
+
+def batch(batch_id: int, lengths: list[int], outputs: list[OutputOptions], index: list[int]):
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    ids = (np.arange(offsets[-1], dtype=np.int32) * 7 + batch_id) % 1000
+    return BatchAssign(
+        batch_id=batch_id,
+        model="m",
+        timeout_ms=1000,
+        outputs=outputs,
+        output_index=np.array(index, dtype=np.int32),
+        token_ids=ids,
+        offsets=offsets,
+    )
+
+
+def test_results_match_embed_and_finalize_per_group() -> None:
+    engine = FixedEngine()
+    pipe = ResultPipeline(engine, engine.device)
+    outputs = [OutputOptions(), OutputOptions(dims=5, kind="int8"), OutputOptions(kind="binary")]
+    b = batch(3, [4, 2, 7, 1, 3], outputs, [0, 1, 0, 2, 1])
+    results, ms = pipe.collect(pipe.launch(b))
+    pooled = engine.embed(b.token_ids, b.offsets)
+    for g, out in enumerate(outputs):
+        rows = torch.from_numpy(np.flatnonzero(b.output_index == g))
+        want = finalize(pooled[rows], out.dims, out.normalize, out.kind)
+        assert results[g].dtype == want.dtype
+        np.testing.assert_array_equal(results[g], want)
+    assert ms >= 0
+
+
+def test_batches_collected_in_order_keep_their_own_results() -> None:
+    engine = FixedEngine()
+    pipe = ResultPipeline(engine, engine.device)
+    batches = [batch(i, [3 + i, 5], [OutputOptions()], [0, 0]) for i in range(4)]
+    launched = [pipe.launch(b) for b in batches]
+    for b, item in zip(batches, launched, strict=True):
+        got, _ = pipe.collect(item)
+        want = finalize(engine.embed(b.token_ids, b.offsets), None, True)
+        np.testing.assert_array_equal(got[0], want)
+        assert item.batch_id == b.batch_id
+
+
+def test_dims_over_the_model_raise_value_error_at_launch() -> None:
+    engine = FixedEngine(dims=8)
+    pipe = ResultPipeline(engine, engine.device)
+    with pytest.raises(ValueError, match="dims"):
+        pipe.launch(batch(1, [2], [OutputOptions(dims=9)], [0]))
+
+
+def test_device_time_is_not_counted_twice() -> None:
+    # Two batches launched back to back and collected later: the second one's time starts
+    # when the first one finished, so the two together never exceed the wall clock.
+    engine = FixedEngine(delay_s=0.02)
+    pipe = ResultPipeline(engine, engine.device)
+    t = time.perf_counter()
+    a = pipe.launch(batch(1, [2], [OutputOptions()], [0]))
+    b = pipe.launch(batch(2, [2], [OutputOptions()], [0]))
+    time.sleep(0.03)
+    (_, ms_a), (_, ms_b) = pipe.collect(a), pipe.collect(b)
+    wall_ms = (time.perf_counter() - t) * 1000
+    assert ms_a >= 40  # both forwards ran before the first collect on CPU
+    assert ms_a + ms_b <= wall_ms + 1e-6
+
+
+def test_slot_views_are_aligned_and_grow() -> None:
+    slot = _Slot(pinned=False)
+    outs = [torch.zeros(3, 5), torch.zeros(7, 3, dtype=torch.uint8), torch.zeros(2, 2)]
+    views = slot.views(outs)
+    assert [v.shape for v in views] == [o.shape for o in outs]
+    assert [v.dtype for v in views] == [o.dtype for o in outs]
+    starts = [v.data_ptr() - slot.buf.data_ptr() for v in views]
+    assert starts == [0, 64, 128]
+    small = slot.buf
+    big = slot.views([torch.zeros(1 << 19)])  # 2 MiB: over the first 1 MiB buffer
+    assert slot.buf.numel() >= 1 << 21 and slot.buf is not small and big[0].numel() == 1 << 19
