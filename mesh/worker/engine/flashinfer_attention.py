@@ -80,21 +80,28 @@ class FlashInferRagged:
         self.wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
             self.workspace, "NHD", backend="fa2", **kwargs
         )
+        self._cu_host = torch.empty(
+            (capacity[0] + 2) if capacity else 0, dtype=torch.int32, pin_memory=True
+        )
         # plan() stages its work list in one pinned host buffer and copies it without a
         # sync: the next plan must wait until the device has taken the last one.
         self._planned: torch.cuda.Event | None = None
 
     def plan(self, cu_seqlens: torch.Tensor, causal: bool, scale: float | None = None) -> None:
         cu = cu_seqlens.to("cpu", torch.int32)
+        if self._planned is not None:
+            self._planned.synchronize()
         if self.capacity is not None:
             sequences, rows = self.capacity
             n = cu.numel() - 1
             if n > sequences or int(cu[-1]) > rows:
                 raise ValueError(f"batch over this wrapper's capacity {self.capacity}")
-            pad = torch.full((sequences - n + 1,), rows, dtype=torch.int32)
-            cu = torch.cat([cu, pad])
-        if self._planned is not None:
-            self._planned.synchronize()
+            # Padded into a pinned buffer (free again: the event above): plan() copies it
+            # to the graph's device buffer, and a copy from pageable memory may wait for
+            # the stream to drain, which would stall the worker's two-deep pipeline.
+            self._cu_host[: n + 1] = cu
+            self._cu_host[n + 1 :] = rows
+            cu = self._cu_host
         self.wrapper.plan(
             cu,
             cu,
@@ -144,6 +151,11 @@ class TorchVarlen:
         )
         self._max = max_len
         self._kw: dict = {}
+        self._cu_host = torch.empty(
+            (capacity[0] + 1) if capacity else 0, dtype=torch.int32, pin_memory=True
+        )
+        self._copied = torch.cuda.Event()
+        self._copied.record()
 
     def plan(self, cu_seqlens: torch.Tensor, causal: bool, scale: float | None = None) -> None:
         cu = cu_seqlens.to("cpu", torch.int32)
@@ -152,10 +164,15 @@ class TorchVarlen:
             sequences, rows = self.capacity
             if n > sequences or int(cu[-1]) > rows:
                 raise ValueError(f"batch over this backend's capacity {self.capacity}")
-            cu = torch.cat([cu, cu[-1:].expand(sequences - n)])
-            self._cu.copy_(cu)  # type: ignore[union-attr]
+            # Through a pinned buffer, free once the last copy out of it ran (the event):
+            # a copy from pageable memory may wait for the stream to drain.
+            self._copied.synchronize()
+            self._cu_host[: n + 1] = cu
+            self._cu_host[n + 1 :] = cu[-1]
+            self._cu.copy_(self._cu_host, non_blocking=True)  # type: ignore[union-attr]
+            self._copied.record()
         else:
-            self._cu = cu.to(self.device)
+            self._cu = cu.to(self.device, non_blocking=True)  # cu is pinned staging (gpu.py)
             self._max = int((cu[1:] - cu[:-1]).max()) if n else 1
         self._kw = {"scale": scale}
         if causal:
