@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from mesh.worker.engine import fused
 from mesh.worker.engine.attention import AttentionBackend, cpu_backend
 from mesh.worker.engine.card import ModelCard, read_card
 from mesh.worker.engine.cpu import keep_freed_memory
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 # Token budget per batch that a worker advertises in READY. On CPU, past a few thousand
 # tokens throughput is flat and only latency grows; on GPU a larger batch fills the device.
 DEFAULT_MAX_BATCH_TOKENS = {"cpu": 8192, "cuda": 32768}
+# How the non-GEMM parts of the forward run; see Engine.load.
+KERNELS = ("torch", "compile", "fused")
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Engine:
     max_batch_tokens: int
     attention: AttentionBackend
     runner: GpuRunner | None = None
+    kernels: str = "torch"
 
     @classmethod
     def load(
@@ -72,22 +76,37 @@ class Engine:
         graphs: bool = True,
         compile_elementwise: bool | None = None,
         graph_max_tokens: int = 16384,
+        kernels: str | None = None,
+        exact_gelu: bool = False,
     ) -> Engine:
         """Load ``model_dir`` (Hugging Face layout) onto ``device``.
 
-        ``dtype`` None: fp32 on CPU, fp16 (BERT) or bf16 (Qwen3) on GPU. ``threads`` sets
-        torch's intra-op threads for the process when given; the default (one per core) is
-        right for a worker that owns its host, a smaller value for one that shares it.
-        ``attention`` None: the CPU SDPA backend (the FlashInfer backend is passed in by
+        ``dtype`` None: fp32 on CPU, bf16 on GPU (``loader.default_dtype``). ``threads``
+        sets torch's intra-op threads for the process when given; the default (one per
+        core) is right for a worker that owns its host, a smaller value for one that shares
+        it. ``attention`` None: the CPU SDPA backend (the FlashInfer backend is passed in by
         the GPU worker). ``tune_allocator``: on CPU, keep freed memory in the heap
         (:func:`mesh.worker.engine.cpu.keep_freed_memory`, process-wide); worth ~30 %.
 
         On CUDA (see :mod:`mesh.worker.engine.gpu`): FlashInfer fa2 attention, ``graphs``
-        (CUDA graphs per token bucket up to ``graph_max_tokens``, captured lazily) and
-        ``compile_elementwise`` (``torch.compile`` of the per-layer norm/activation/residual
-        parts; None: on for Qwen3, off for BERT, as measured on the H200: Qwen3-0.6B 0.20 ->
-        0.39 M tok/s with it, BERT-base 2.01 -> 1.72 and MiniLM 6.1 -> 5.0 M tok/s, because
-        inductor's dynamic-shape GELU and LayerNorm kernels ran slower than eager's).
+        (CUDA graphs per token bucket up to ``graph_max_tokens``, captured lazily), and
+        ``kernels``, how the per-layer norm/activation/residual parts run:
+
+        - "torch": eager torch, as on CPU (CPU always runs this);
+        - "compile": ``torch.compile`` of them (dynamic shapes). Measured on the H200:
+          Qwen3-0.6B 0.20 -> 0.39 M tok/s with it, but BERT-base 2.01 -> 1.72 and MiniLM
+          6.1 -> 5.0 M tok/s, because inductor's dynamic-shape GELU and LayerNorm kernels
+          ran slower than eager's;
+        - "fused": Triton kernels (:mod:`mesh.worker.engine.fused`: residual + norm, q/k
+          norm + RoPE, SiLU * up) and, for BERT, bias + GELU in the up projection's
+          cuBLASLt epilogue, which is GELU's tanh approximation (within 4.7e-4 of HF's erf
+          GELU; ``exact_gelu`` keeps erf). Written to close the H200 targets the profile
+          missed (docs/gpu.md); its H200 speed and accuracy are NOT measured yet.
+        - None: "fused" when triton imports, else "compile" for Qwen3 and "torch" for BERT.
+
+        ``compile_elementwise`` is the older spelling: True means "compile", False "torch"
+        (launch's ``--no-compile``); it must agree with ``kernels`` when both are given.
+        Asking for "fused" on CPU, or without triton, raises ValueError.
         """
         if threads is not None:
             torch.set_num_threads(threads)
@@ -95,18 +114,20 @@ class Engine:
         if tune_allocator and device.type == "cpu":
             keep_freed_memory()
         card = read_card(model_dir, served_name=served_name)
+        kernels = choose_kernels(kernels, compile_elementwise, card.family, device)
         model = load_model(model_dir, card, dtype=dtype, device=device)
+        if card.family == "bert":
+            model.use_kernels(kernels, exact_gelu=exact_gelu)
+        else:
+            model.use_kernels(kernels)
         budget = max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(device.type, 8192)
         if device.type != "cuda" or attention is not None:
-            return cls(card, model, device, model.dtype, budget, attention or cpu_backend())
+            backend = attention or cpu_backend()
+            return cls(card, model, device, model.dtype, budget, backend, kernels=kernels)
         from mesh.worker.engine.gpu import GpuRunner
 
-        if compile_elementwise is None:
-            compile_elementwise = card.family == "qwen3"
-        if compile_elementwise:
-            _compile_family(card.family)
         runner = GpuRunner(model, card, device, graph_max_tokens, graphs)
-        return cls(card, model, device, model.dtype, budget, runner.eager_attn, runner)
+        return cls(card, model, device, model.dtype, budget, runner.eager_attn, runner, kernels)
 
     def warmup(self, buckets: list[int]) -> None:
         """CUDA: capture the graphs of these token buckets now (no-op on CPU)."""
@@ -175,9 +196,25 @@ class Engine:
         return lengths
 
 
-def _compile_family(family: str) -> None:
-    if family == "bert":
-        from mesh.worker.engine.bert import compile_elementwise
-    else:
-        from mesh.worker.engine.qwen3 import compile_elementwise
-    compile_elementwise()
+def choose_kernels(
+    kernels: str | None, compile_elementwise: bool | None, family: str, device: torch.device
+) -> str:
+    """Resolve ``Engine.load``'s ``kernels`` and ``compile_elementwise`` (see there)."""
+    if compile_elementwise is not None:
+        alias = "compile" if compile_elementwise else "torch"
+        if kernels is not None and kernels != alias:
+            raise ValueError(f"kernels={kernels!r} contradicts {compile_elementwise=}")
+        kernels = alias
+    if kernels is not None and kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {KERNELS}, not {kernels!r}")
+    if device.type != "cuda":
+        if kernels == "fused":
+            raise ValueError("kernels='fused' needs CUDA (Triton kernels, cuBLASLt GELU)")
+        return "torch"
+    if kernels is None:
+        if fused.available():
+            return "fused"
+        return "compile" if family == "qwen3" else "torch"
+    if kernels == "fused" and not fused.available():
+        raise ValueError("kernels='fused' needs triton (pip install 'embedmesh[triton]')")
+    return kernels

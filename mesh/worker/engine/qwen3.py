@@ -13,18 +13,30 @@ card:
 - bidirectional (pplx-embed style): every token sees its whole sequence; mean pooled. Chosen
   when ``config.json`` says ``is_causal: false`` or ``use_bidirectional_attention: true``,
   or, with neither flag, when the sentence-transformers pooling is mean.
+
+Three ways to run the non-GEMM parts, picked per model by :meth:`Qwen3Embedder.use_kernels`:
+eager torch (the CPU path and the reference), ``torch.compile`` of the per-layer functions,
+or the fused CUDA path (:mod:`mesh.worker.engine.fused`), where each residual add is fused
+into the norm that follows it, so layers hand back their MLP output and the model loop adds
+it to the residual stream together with the next layer's input norm (or the final norm).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mesh.worker.engine import fused
 from mesh.worker.engine.attention import AttentionBackend
 from mesh.worker.engine.loader import WeightSource
+
+# (before_attention, after_attention): plain or compiled, as the layers call them.
+LayerFns = tuple[Callable[..., Any], Callable[..., torch.Tensor]]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -74,17 +86,41 @@ class Qwen3Layer(nn.Module):
         self.register_buffer("down_w", take("mlp.down_proj.weight"))
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionBackend,
+        fns: LayerFns,
     ) -> torch.Tensor:
+        """Plain or compiled path: ``x`` in, the next residual stream out; ``cos``, ``sin``
+        ``[T, 1, D]``."""
         dims = (self.num_heads, self.num_kv_heads, self.head_dim)
         norms = (self.in_norm, self.q_norm, self.k_norm)
-        q, k, v = _kernels.before_attention(
-            x, norms, self.qkv_w, self.qkv_b, cos, sin, dims, self.eps
-        )
+        before, after = fns
+        q, k, v = before(x, norms, self.qkv_w, self.qkv_b, cos, sin, dims, self.eps)
         a = attn.run(q, k, v)
-        return _kernels.after_attention(
+        return after(
             x, a, self.o_w, self.o_b, self.post_norm, self.gate_up_w, self.down_w, self.eps
         )
+
+    def forward_fused(
+        self,
+        x: torch.Tensor,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionBackend,
+    ) -> torch.Tensor:
+        """Fused path: ``h`` is this layer's normed input, ``x`` the residual stream, which
+        this updates in place with the attention output. Returns the MLP output, for the
+        caller to add fused with the next norm. ``cos``, ``sin`` ``[T, D]``."""
+        qkv = F.linear(h, self.qkv_w, self.qkv_b)
+        dims = (self.num_heads, self.num_kv_heads, self.head_dim)
+        q, k, v = fused.qk_norm_rope_(qkv, self.q_norm, self.k_norm, cos, sin, *dims, self.eps)
+        a = attn.run(q, k, v).reshape(x.shape[0], -1)
+        h = fused.add_rms_norm(x, F.linear(a, self.o_w, self.o_b), self.post_norm, self.eps)
+        return F.linear(fused.silu_mul(F.linear(h, self.gate_up_w)), self.down_w)
 
 
 def before_attention(
@@ -131,23 +167,15 @@ def after_attention(
     return x + F.linear(F.silu(gate) * up, down_w)
 
 
-class _Kernels:
-    """The per-layer functions the layers call: plain, or compiled by
-    :func:`compile_elementwise` (GPU: NOTES.md measured Qwen3's non-GEMM time 32 -> 6.5 ms
-    a 16k-token batch)."""
-
-    before_attention = staticmethod(before_attention)
-    after_attention = staticmethod(after_attention)
-
-
-_kernels = _Kernels()
-
-
-def compile_elementwise() -> None:
-    """Route every Qwen3 layer through ``torch.compile``d versions (process-wide, idempotent)."""
-    if _kernels.before_attention is before_attention:
-        _kernels.before_attention = torch.compile(before_attention, dynamic=True)
-        _kernels.after_attention = torch.compile(after_attention, dynamic=True)
+@functools.cache
+def _compiled_fns() -> LayerFns:
+    # One compile of each plain function serves every layer of every model in the process
+    # (NOTES.md measured Qwen3's non-GEMM time 32 -> 6.5 ms a 16k-token batch with shapes
+    # fixed; dynamic shapes, as here, reached 17 ms on the H200).
+    return (
+        torch.compile(before_attention, dynamic=True),
+        torch.compile(after_attention, dynamic=True),
+    )
 
 
 class Qwen3Embedder(nn.Module):
@@ -182,6 +210,16 @@ class Qwen3Embedder(nn.Module):
             for i in range(int(config["num_hidden_layers"]))
         )
         self.register_buffer("norm", source.get("norm.weight", dtype, device))
+        self.kernels = "torch"
+        self._fns: LayerFns = (before_attention, after_attention)
+
+    def use_kernels(self, kernels: str) -> None:
+        """Run the layers through "torch", "compile" or "fused" (Triton kernels; CUDA, or
+        Triton's interpreter in tests)."""
+        if kernels not in ("torch", "compile", "fused"):
+            raise ValueError(f"unknown kernels {kernels!r}")
+        self._fns = _compiled_fns() if kernels == "compile" else (before_attention, after_attention)
+        self.kernels = kernels
 
     def forward(
         self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
@@ -189,11 +227,24 @@ class Qwen3Embedder(nn.Module):
         x = self.embed[ids]
         # Angles in fp32 (as HF), then cast: positions up to 32k lose precision in bf16.
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, D]: broadcast over heads
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, attn)
+        if self.kernels == "fused":
+            return self._forward_fused(x, cos, sin, attn)
+        for layer in self.layers:  # [T, 1, D] cos/sin: broadcast over heads
+            x = layer(x, cos[:, None], sin[:, None], attn, self._fns)
         return rms_norm(x, self.norm, self.eps)
+
+    def _forward_fused(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        # x (a fresh gather of the embeddings) is the residual stream, updated in place.
+        after = [layer.in_norm for layer in self.layers[1:]] + [self.norm]
+        h = fused.add_rms_norm(x, None, self.layers[0].in_norm, self.eps)
+        for layer, next_norm in zip(self.layers, after, strict=True):
+            delta = layer.forward_fused(x, h, cos, sin, attn)
+            h = fused.add_rms_norm(x, delta, next_norm, self.eps)
+        return h
 
 
 def _rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
