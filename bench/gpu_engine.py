@@ -178,12 +178,10 @@ def bench_st(path: Path, texts: list[str], tokens: int, sizes: list[int]) -> dic
 
 
 def bench_engine(
-    path: Path, batches, tokens: int, out: Path, name: str, compile_elementwise: bool | None
+    path: Path, batches, tokens: int, out: Path, name: str, kernels: str | None
 ) -> tuple[dict, Engine]:
     t = time.perf_counter()
-    engine = Engine.load(
-        path, device="cuda", max_batch_tokens=BUDGET, compile_elementwise=compile_elementwise
-    )
+    engine = Engine.load(path, device="cuda", max_batch_tokens=BUDGET, kernels=kernels)
     engine.warmup([16])
     load_s = time.perf_counter() - t
     t = time.perf_counter()
@@ -217,9 +215,7 @@ def bench_engine(
         "graphs": sorted(engine.runner.graphs),
         "latency_graphed": 16 in engine.runner.graphs,
         "attention": type(engine.runner.eager_attn).__name__,
-        "compiled": engine.card.family == "qwen3"
-        if compile_elementwise is None
-        else compile_elementwise,
+        "kernels": engine.kernels,
         "capture_s": engine.runner.capture_seconds,
         "latency16_ms": 1000 * float(np.median(lat)),
     }, engine
@@ -237,9 +233,13 @@ def profile(engine: Engine, batch) -> str:
     return p.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=70)
 
 
-def bench_mesh(path: Path, ids: list[np.ndarray], tokens: int, out: Path) -> dict:
-    """Broker + worker subprocesses, ``MeshClient.embed_tokens`` requests of 16 texts with
-    up to 128 requests in flight; one warm pass, then the timed pass."""
+def bench_mesh(
+    path: Path, ids: list[np.ndarray], tokens: int, out: Path, sizes: list[int], kernels: str
+) -> dict:
+    """Broker + worker subprocesses, ``MeshClient.embed_tokens`` requests of ``sizes[0]``
+    texts (then each other size) with up to 128 requests in flight; one warm pass, then the
+    timed pass; the share of a core each process used in it; then the latency of single
+    16-token requests through the whole mesh."""
     port = 17000 + os.getpid() % 1000 * 2
     front, back = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"
     env = dict(os.environ)
@@ -280,6 +280,7 @@ def bench_mesh(path: Path, ids: list[np.ndarray], tokens: int, out: Path) -> dic
                 str(BUDGET),
                 "--warmup-buckets",
                 "16,64,256",
+                *([] if kernels == "default" else ["--kernels", kernels]),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -288,7 +289,8 @@ def bench_mesh(path: Path, ids: list[np.ndarray], tokens: int, out: Path) -> dic
         ),
     ]
     try:
-        return asyncio.run(_drive(front, ids, tokens))
+        pids = {"client": os.getpid(), "broker": procs[0].pid, "worker": procs[1].pid}
+        return asyncio.run(_drive(front, ids, tokens, sizes, pids))
     finally:
         for p in procs:
             p.terminate()
@@ -300,7 +302,10 @@ def bench_mesh(path: Path, ids: list[np.ndarray], tokens: int, out: Path) -> dic
         log.close()
 
 
-async def _drive(front: str, ids: list[np.ndarray], tokens: int) -> dict:
+async def _drive(
+    front: str, ids: list[np.ndarray], tokens: int, sizes: list[int], pids: dict[str, int]
+) -> dict:
+    from bench.mesh_overhead import cpu_seconds
     from mesh.client import MeshClient
 
     t = time.perf_counter()
@@ -308,20 +313,41 @@ async def _drive(front: str, ids: list[np.ndarray], tokens: int) -> dict:
     await client.start()
     await client.wait_ready(300, model="bench")
     ready_s = time.perf_counter() - t
-    requests = [_pack(ids[i : i + 16]) for i in range(0, len(ids), 16)]
     gate = asyncio.Semaphore(128)
 
     async def one(batch) -> None:
         async with gate:
             await client.embed_tokens(*batch, model="bench")
 
-    rates = []
-    for _ in range(2):  # the first pass warms the worker (compile, captures)
+    result: dict = {"worker_ready_s": ready_s, "by_request_size": {}}
+    for size in sizes:
+        requests = [_pack(ids[i : i + size]) for i in range(0, len(ids), size)]
+        rates = []
+        for _ in range(2):  # the first pass warms the worker (compile, captures)
+            before = {k: cpu_seconds(p) for k, p in pids.items()}
+            t = time.perf_counter()
+            await asyncio.gather(*(one(r) for r in requests))
+            wall = time.perf_counter() - t
+            rates.append(tokens / wall)
+        # A process near 1.0 of a core is what limits the mesh.
+        busy = {k: round((cpu_seconds(p) - before[k]) / wall, 2) for k, p in pids.items()}
+        result["by_request_size"][size] = {
+            "tok_s": rates[-1],
+            "warm_pass_tok_s": rates[0],
+            "core_share": busy,
+        }
+    result.update(result["by_request_size"][sizes[0]], texts_per_request=sizes[0])
+    query = _pack([np.array([101, *range(2000, 2014), 102], dtype=np.int32)])
+    lat = []
+    for i in range(250):
         t = time.perf_counter()
-        await asyncio.gather(*(one(r) for r in requests))
-        rates.append(tokens / (time.perf_counter() - t))
+        await client.embed_tokens(*query, model="bench")
+        if i >= 50:
+            lat.append(time.perf_counter() - t)
+    result["latency16_ms"] = 1000 * float(np.median(lat))
+    result["latency16_p99_ms"] = 1000 * float(np.percentile(lat, 99))
     await client.close()
-    return {"tok_s": rates[-1], "warm_pass_tok_s": rates[0], "worker_ready_s": ready_s}
+    return result
 
 
 def main() -> None:
@@ -334,11 +360,22 @@ def main() -> None:
     ap.add_argument("--no-st", action="store_true")
     ap.add_argument("--no-mesh", action="store_true")
     ap.add_argument("--no-compile", action="store_true", help="engine without torch.compile")
+    ap.add_argument(
+        "--kernels",
+        default="default",
+        help="engine kernels: default (the engine's choice), torch, compile, fused",
+    )
+    ap.add_argument(
+        "--per-request", default="16,64", help="texts per mesh request; the first is reported"
+    )
     ap.add_argument("--quick", action="store_true", help="smoke run: 1000 texts, minilm")
     args = ap.parse_args()
     if args.quick:
         args.texts, args.st_texts, args.models = 1000, 500, "minilm"
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.no_compile:
+        args.kernels = "torch"
+    kernels = None if args.kernels == "default" else args.kernels
     lengths = workload(args.texts)
     texts, ids = make_texts(lengths)
     tokens = int(lengths.sum())
@@ -365,9 +402,7 @@ def main() -> None:
             st_tokens = int(lengths[:n_st].sum())
             sizes = [int(s) for s in args.st_sizes.split(",")]
             r["st"] = bench_st(path, texts[:n_st], st_tokens, sizes)
-        r["engine"], engine = bench_engine(
-            path, batches, tokens, args.out, name, False if args.no_compile else None
-        )
+        r["engine"], engine = bench_engine(path, batches, tokens, args.out, name, kernels)
         causal = engine.card.causal
         del engine
         torch.cuda.empty_cache()
@@ -376,7 +411,8 @@ def main() -> None:
             f"16-token latency {r['engine']['latency16_ms']:.3f} ms"
         )
         if not args.no_mesh:
-            r["mesh"] = bench_mesh(path, ids, tokens, args.out)
+            sizes = [int(x) for x in args.per_request.split(",")]
+            r["mesh"] = bench_mesh(path, ids, tokens, args.out, sizes, args.kernels)
             print(f"  mesh: {r['mesh']['tok_s'] / 1e6:.3f} M tok/s")
         flops_per_token = model_flops(config, lengths, causal) / tokens
         for part in ("st", "engine", "mesh"):

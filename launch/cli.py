@@ -109,10 +109,22 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     "(e.g. 16,64,256,1024); others are captured lazily as traffic reaches them.",
 )
 @click.option(
+    "--kernels",
+    type=click.Choice(["torch", "compile", "fused"]),
+    help="[worker] CUDA: how the per-layer norms, activations and residuals run: fused "
+    "(Triton kernels + cuBLASLt GELU epilogue; the default when triton imports), compile "
+    "(torch.compile) or torch (plain eager ops). CPU always uses torch.",
+)
+@click.option(
+    "--exact-gelu",
+    is_flag=True,
+    help="[worker] CUDA, BERT-family, fused kernels: keep the exact erf GELU instead of the "
+    "tanh approximation fused into the GEMM (as TEI serves it; within 4.7e-4 of erf).",
+)
+@click.option(
     "--no-compile",
     is_flag=True,
-    help="[worker] CUDA: skip torch.compile of the per-layer elementwise parts "
-    "(by default on for Qwen3-family models, off for BERT-family ones).",
+    help="[worker] CUDA: the same as --kernels torch (kept for old scripts).",
 )
 @click.option(
     "--test-hang-after",
@@ -221,7 +233,8 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
                 max_batch_requests=int(opts["max_batch_requests"]),  # type: ignore[call-overload]
                 threads=opts["threads"],  # type: ignore[arg-type]
                 warmup_buckets=[int(b) for b in str(opts["warmup_buckets"]).split(",") if b],
-                compile_elementwise=False if opts["no_compile"] else None,
+                kernels=opts["kernels"] or ("torch" if opts["no_compile"] else None),  # type: ignore[arg-type]
+                exact_gelu=bool(opts["exact_gelu"]),
                 test_hang_after=opts["test_hang_after"],  # type: ignore[arg-type]
             )
             run_worker(cfg, liveness, security)

@@ -96,9 +96,8 @@ class WorkerConfig:
     threads: int | None
     test_hang_after: int | None = None
     warmup_buckets: list[int] | None = None  # CUDA graphs to capture at start
-    compile_elementwise: bool | None = (
-        None  # CUDA: torch.compile of non-GEMM parts; None: per family
-    )
+    kernels: str | None = None  # CUDA: "torch" | "compile" | "fused"; None: the engine's choice
+    exact_gelu: bool = False  # CUDA fused BERT: erf GELU instead of the GEMM epilogue's tanh
 
 
 def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> None:
@@ -118,7 +117,8 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         served_name=cfg.served_name,
         max_batch_tokens=cfg.max_batch_tokens,
         threads=cfg.threads,
-        compile_elementwise=cfg.compile_elementwise,
+        kernels=cfg.kernels,
+        exact_gelu=cfg.exact_gelu,
     )
     if cfg.warmup_buckets:
         engine.warmup(cfg.warmup_buckets)

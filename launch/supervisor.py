@@ -175,6 +175,8 @@ def role_commands(opts: dict[str, Any], frontend: str, backend: str) -> dict[str
                 "max_batch_tokens",
                 "max_batch_requests",
                 "warmup_buckets",
+                "kernels",
+                "exact_gelu",
                 "no_compile",
             ),
             *(["--threads", str(threads)] if threads is not None else []),

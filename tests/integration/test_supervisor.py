@@ -219,6 +219,7 @@ def test_role_commands_pass_options_to_the_role_that_uses_them() -> None:
             http_port=9000,
             warmup_buckets="16,64",
             no_compile=True,
+            kernels="fused",
         ),
         "ipc:///t/front",
         "ipc:///t/back",
@@ -238,6 +239,7 @@ def test_role_commands_pass_options_to_the_role_that_uses_them() -> None:
     assert worker[worker.index("--max-batch-tokens") + 1] == "4096"
     assert "--auto-truncate" in ingress and "--auto-truncate" not in worker
     assert worker[worker.index("--warmup-buckets") + 1] == "16,64" and "--no-compile" in worker
+    assert worker[worker.index("--kernels") + 1] == "fused" and "--kernels" not in ingress
     assert ingress[ingress.index("--http-port") + 1] == "9000"
     assert ingress[ingress.index("--broker") + 1] == "ipc:///t/front"
     assert all("--log-level" in c for c in cmds.values())
