@@ -234,7 +234,13 @@ def profile(engine: Engine, batch) -> str:
 
 
 def bench_mesh(
-    path: Path, ids: list[np.ndarray], tokens: int, out: Path, sizes: list[int], kernels: str
+    path: Path,
+    ids: list[np.ndarray],
+    tokens: int,
+    out: Path,
+    sizes: list[int],
+    kernels: str,
+    credits: int = 2,
 ) -> dict:
     """Broker + worker subprocesses, ``MeshClient.embed_tokens`` requests of ``sizes[0]``
     texts (then each other size) with up to 128 requests in flight; one warm pass, then the
@@ -281,6 +287,8 @@ def bench_mesh(
                 "--warmup-buckets",
                 "16,64,256",
                 *([] if kernels == "default" else ["--kernels", kernels]),
+                "--credits",
+                str(credits),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -365,6 +373,7 @@ def main() -> None:
         default="default",
         help="engine kernels: default (the engine's choice), torch, compile, fused",
     )
+    ap.add_argument("--credits", type=int, default=2, help="the mesh worker's credits")
     ap.add_argument(
         "--per-request", default="16,64", help="texts per mesh request; the first is reported"
     )
@@ -412,7 +421,8 @@ def main() -> None:
         )
         if not args.no_mesh:
             sizes = [int(x) for x in args.per_request.split(",")]
-            r["mesh"] = bench_mesh(path, ids, tokens, args.out, sizes, args.kernels)
+            r["mesh"] = bench_mesh(path, ids, tokens, args.out, sizes, args.kernels, args.credits)
+            r["mesh"]["credits"] = args.credits
             print(f"  mesh: {r['mesh']['tok_s'] / 1e6:.3f} M tok/s")
         flops_per_token = model_flops(config, lengths, causal) / tokens
         for part in ("st", "engine", "mesh"):

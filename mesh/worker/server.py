@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from proto_msgs import (
 
 log = logging.getLogger("embedmesh.worker")
 
+SWITCH_INTERVAL_S = 0.0002  # GIL handoff bound while serving; see WorkerServer.run
+
 
 class EmbeddingEngine(Protocol):
     """What the compute loop needs from an engine (mesh.worker.engine.Engine fits)."""
@@ -51,6 +54,24 @@ class WorkerOptions:
     max_batch_requests: int
     device: str
     test_hang_after: int | None = None  # test hook: the compute loop hangs after N batches
+
+
+@dataclass
+class LoopStats:
+    """Where the worker loop's time goes (summed; logged when the loop stops), to tell a
+    host-bound worker from a device-bound one."""
+
+    batches: int = 0
+    waited_s: float = 0.0  # from arrival at the link to the start of its launch
+    launch_s: float = 0.0  # compute thread: checks, forward launch, result copies queued
+    collect_s: float = 0.0  # finisher: waiting for the device, then copying results out
+    send_s: float = 0.0  # finisher: encoding and handing to the link
+
+    def summary(self) -> str:
+        n = max(1, self.batches)
+        parts = ("waited", "launch", "collect", "send")
+        means = ", ".join(f"{p} {1000 * getattr(self, p + '_s') / n:.2f}" for p in parts)
+        return f"{self.batches} batches; mean ms: {means}"
 
 
 class WorkerServer:
@@ -84,6 +105,7 @@ class WorkerServer:
         self._done: queue.Queue[tuple[Incoming, Launched | list[Any]] | None] = queue.Queue()
         self._outstanding = 0
         self._busy_lock = threading.Lock()
+        self.stats = LoopStats()
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -97,6 +119,11 @@ class WorkerServer:
         starts batch i + 1 while batch i's results are still on their way back, and batch
         i's reply (its credit) leaves the moment its results exist.
         """
+        # Three threads share the GIL here, and the compute thread runs Python (and torch
+        # dispatch) for ~1 ms a batch: with the default 5 ms switch interval, a reply or an
+        # incoming batch could wait that long for it, which starves a fast GPU of credits.
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.link.start()
         finisher = threading.Thread(target=self._finish_loop, name="finisher", daemon=True)
         finisher.start()
@@ -117,12 +144,17 @@ class WorkerServer:
                     self._stop.wait()
                     break
                 self._track(+1)
+                started = time.monotonic()
+                self.stats.waited_s += started - item.received_at
                 self._done.put((item, self._launch(item)))
+                self.stats.launch_s += time.monotonic() - started
                 launched += 1
         finally:
             self._done.put(None)
             finisher.join(timeout=10)
             self.link.stop()
+            sys.setswitchinterval(switch)
+            log.info("worker loop: %s", self.stats.summary())
 
     def _launch(self, item: Incoming) -> Launched | list[Any]:
         """Launch ``item`` on the engine, or the frames of its error reply."""
@@ -153,8 +185,13 @@ class WorkerServer:
                 if entry is None:
                     break
                 item, launched = entry
+                started = time.monotonic()
                 frames = launched if isinstance(launched, list) else self._collect(launched)
+                collected = time.monotonic()
                 sender.send_multipart([str(item.epoch).encode(), *frames], copy=False)
+                self.stats.collect_s += collected - started
+                self.stats.send_s += time.monotonic() - collected
+                self.stats.batches += 1
                 done += 1
                 self.link.progress = done
                 self._track(-1)
