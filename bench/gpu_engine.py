@@ -241,6 +241,7 @@ def bench_mesh(
     sizes: list[int],
     kernels: str,
     credits: int = 2,
+    profile_worker: bool = False,
 ) -> dict:
     """Broker + worker subprocesses, ``MeshClient.embed_tokens`` requests of ``sizes[0]``
     texts (then each other size) with up to 128 requests in flight; one warm pass, then the
@@ -289,6 +290,7 @@ def bench_mesh(
                 *([] if kernels == "default" else ["--kernels", kernels]),
                 "--credits",
                 str(credits),
+                *(["--profile-out", str(out / f"worker-{path.name}.prof")] if profile_worker else []),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -374,6 +376,7 @@ def main() -> None:
         help="engine kernels: default (the engine's choice), torch, compile, fused",
     )
     ap.add_argument("--credits", type=int, default=2, help="the mesh worker's credits")
+    ap.add_argument("--profile-worker", action="store_true", help="cProfile the mesh worker")
     ap.add_argument(
         "--per-request", default="16,64", help="texts per mesh request; the first is reported"
     )

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -71,7 +72,9 @@ def run_worker(backend: str, batch_ms: float, budget: int) -> None:
     options = WorkerOptions("null", 2, budget, 4096, "cpu")
     ctx = zmq.Context()
     server = WorkerServer(ctx, NullEngine(batch_ms), info, b"{}", backend, options, Liveness())
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
     server.run()
+    print("worker:", server.stats.summary(), file=sys.stderr)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -113,8 +116,21 @@ async def drive(
     # The share of one core each process kept busy in the timed pass: a process near 1.0
     # is the bottleneck.
     busy = {k: round((cpu_seconds(p) - before[k]) / wall, 2) for k, p in pids.items()}
+    query = (np.arange(1000, 1016, dtype=np.int32), np.array([0, 16], dtype=np.int32))
+    lat = []
+    for i in range(300):
+        t = time.perf_counter()
+        await client.embed_tokens(*query, model="null")
+        if i >= 50:
+            lat.append(1000 * (time.perf_counter() - t))
     await client.close()
-    return {"tok_s": rates[-1], "warm_pass_tok_s": rates[0], "tokens": tokens, "core_share": busy}
+    return {
+        "tok_s": rates[-1],
+        "warm_pass_tok_s": rates[0],
+        "tokens": tokens,
+        "core_share": busy,
+        "latency16_ms_p50": float(np.median(lat)),
+    }
 
 
 def main() -> None:

@@ -127,6 +127,12 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     help="[worker] CUDA: the same as --kernels torch (kept for old scripts).",
 )
 @click.option(
+    "--profile-out",
+    type=click.Path(dir_okay=False),
+    hidden=True,
+    help="[worker] Diagnostics: cProfile the compute loop while serving, stats to this file.",
+)
+@click.option(
     "--test-hang-after",
     type=int,
     hidden=True,
@@ -236,6 +242,7 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
                 kernels=opts["kernels"] or ("torch" if opts["no_compile"] else None),  # type: ignore[arg-type]
                 exact_gelu=bool(opts["exact_gelu"]),
                 test_hang_after=opts["test_hang_after"],  # type: ignore[arg-type]
+                profile_out=opts["profile_out"],  # type: ignore[arg-type]
             )
             run_worker(cfg, liveness, security)
         elif role == "ingress":

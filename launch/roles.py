@@ -95,6 +95,7 @@ class WorkerConfig:
     max_batch_requests: int
     threads: int | None
     test_hang_after: int | None = None
+    profile_out: str | None = None  # diagnostics: cProfile stats of the compute loop
     warmup_buckets: list[int] | None = None  # CUDA graphs to capture at start
     kernels: str | None = None  # CUDA: "torch" | "compile" | "fused"; None: the engine's choice
     exact_gelu: bool = False  # CUDA fused BERT: erf GELU instead of the GEMM epilogue's tanh
@@ -140,6 +141,7 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         max_batch_requests=cfg.max_batch_requests,
         device=cfg.device,
         test_hang_after=cfg.test_hang_after,
+        profile_out=cfg.profile_out,
     )
     ctx = zmq.Context()
     server = WorkerServer(

@@ -69,6 +69,7 @@ class BrokerLink:
         self.progress = 0  # batches finished by the compute loop (written there, read here)
         self.busy = False
         self.dropped_frames = 0
+        self.cpu_s = 0.0  # this thread's CPU seconds, set when it ends
         self.connected = threading.Event()
         self._stop = threading.Event()
         # Bound here, before the thread starts, so the compute loop can connect at once.
@@ -101,6 +102,12 @@ class BrokerLink:
         return sock
 
     def _run(self) -> None:
+        try:
+            self._reconnect_loop()
+        finally:
+            self.cpu_s = time.thread_time()  # for the worker's loop stats
+
+    def _reconnect_loop(self) -> None:
         backoff = self.backoff_min_s
         while not self._stop.is_set():
             sock = self._new_socket()

@@ -4,8 +4,8 @@ The compute loop calls :meth:`ResultPipeline.launch` for a batch: it validates n
 (the loop did), runs the engine's forward and each output group's post-processing
 (:func:`~mesh.worker.engine.outputs.finalize_tensor`) and, on CUDA, queues the copies of the
 results into a pinned host slot followed by an event, then returns without waiting. Another
-thread calls :meth:`collect` in launch order: it waits for that batch's event (sleeping, so
-the GIL is free meanwhile), copies the results out of the slot and frees it. So while the
+thread calls :meth:`collect` in launch order: it waits for that batch's event (asleep, the
+GIL free), copies the results out of the slot and frees it. So while the
 device runs batch *i*, the compute thread already prepares and launches batch *i + 1*, and
 batch *i*'s reply (which returns the broker's credit) leaves as soon as its results exist.
 
@@ -32,7 +32,6 @@ from mesh.worker.engine.outputs import finalize_tensor
 from proto_msgs import BatchAssign
 
 _ALIGN = 64  # bytes; every group's results start on this boundary inside a slot
-POLL_S = 100e-6  # how often the finisher looks whether a batch is done: <= 0.1 ms late
 
 
 class _Slot:
@@ -101,7 +100,7 @@ class ResultPipeline:
                 host = slot.views(outputs)
                 for dst, src in zip(host, outputs, strict=True):
                     dst.copy_(src, non_blocking=True)
-                done = torch.cuda.Event()
+                done = torch.cuda.Event(blocking=True)
                 done.record()
             except BaseException:
                 self._release(slot)
@@ -113,10 +112,10 @@ class ResultPipeline:
         milliseconds the device spent on it (from when it could start to when it finished)."""
         try:
             if launched.done is not None:
-                # Poll and sleep rather than Event.synchronize(): sleeping surely lets the
-                # compute and link threads have the GIL meanwhile, and burns no core.
-                while not launched.done.query():
-                    time.sleep(POLL_S)
+                # A blocking-sync event: this thread sleeps in the driver, without the GIL
+                # (torch releases it around the wait), instead of spinning a core or
+                # polling, which took the GIL from the compute thread every poll.
+                launched.done.synchronize()
                 results = [np.array(t.numpy()) for t in launched.host]  # out of the slot
             else:
                 results = list(launched.host)  # type: ignore[arg-type]

@@ -10,12 +10,14 @@ preparation overlap the device's work.
 
 from __future__ import annotations
 
+import cProfile
 import logging
 import queue
+import resource
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -37,7 +39,7 @@ from proto_msgs import (
 
 log = logging.getLogger("embedmesh.worker")
 
-SWITCH_INTERVAL_S = 0.0002  # GIL handoff bound while serving; see WorkerServer.run
+SWITCH_INTERVAL_S = 0.0005  # GIL handoff bound while serving; see WorkerServer.run
 
 
 class EmbeddingEngine(Protocol):
@@ -54,6 +56,7 @@ class WorkerOptions:
     max_batch_requests: int
     device: str
     test_hang_after: int | None = None  # test hook: the compute loop hangs after N batches
+    profile_out: str | None = None  # diagnostics: cProfile the compute loop, stats here
 
 
 @dataclass
@@ -67,11 +70,16 @@ class LoopStats:
     collect_s: float = 0.0  # finisher: waiting for the device, then copying results out
     send_s: float = 0.0  # finisher: encoding and handing to the link
 
+    cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds per thread
+
     def summary(self) -> str:
         n = max(1, self.batches)
         parts = ("waited", "launch", "collect", "send")
         means = ", ".join(f"{p} {1000 * getattr(self, p + '_s') / n:.2f}" for p in parts)
-        return f"{self.batches} batches; mean ms: {means}"
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = {**self.cpu_s, "process": usage.ru_utime + usage.ru_stime}
+        cpus = ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+        return f"{self.batches} batches; mean ms: {means}; CPU s: {cpus}"
 
 
 class WorkerServer:
@@ -122,12 +130,17 @@ class WorkerServer:
         # Three threads share the GIL here, and the compute thread runs Python (and torch
         # dispatch) for ~1 ms a batch: with the default 5 ms switch interval, a reply or an
         # incoming batch could wait that long for it, which starves a fast GPU of credits.
+        # Much shorter costs the compute thread in forced handoffs.
         switch = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.link.start()
         finisher = threading.Thread(target=self._finish_loop, name="finisher", daemon=True)
         finisher.start()
         launched = 0
+        cpu_at_start = time.thread_time()
+        profile = cProfile.Profile() if self.options.profile_out else None
+        if profile is not None:
+            profile.enable()
         try:
             while not self._stop.is_set():
                 try:
@@ -150,11 +163,19 @@ class WorkerServer:
                 self.stats.launch_s += time.monotonic() - started
                 launched += 1
         finally:
+            self.stats.cpu_s["compute"] = time.thread_time() - cpu_at_start
+            if profile is not None:
+                profile.disable()
+                profile.dump_stats(self.options.profile_out)
             self._done.put(None)
             finisher.join(timeout=10)
             self.link.stop()
+            self.stats.cpu_s["link"] = self.link.cpu_s
             sys.setswitchinterval(switch)
             log.info("worker loop: %s", self.stats.summary())
+            runner = getattr(self.engine, "runner", None)
+            if runner is not None:
+                log.info("worker graphs: %s", runner.summary())
 
     def _launch(self, item: Incoming) -> Launched | list[Any]:
         """Launch ``item`` on the engine, or the frames of its error reply."""
@@ -196,6 +217,7 @@ class WorkerServer:
                 self.link.progress = done
                 self._track(-1)
         finally:
+            self.stats.cpu_s["finisher"] = time.thread_time()
             sender.close(linger=0)
 
     def _collect(self, launched: Launched) -> list[Any]:

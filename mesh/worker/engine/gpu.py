@@ -124,6 +124,8 @@ class GpuRunner:
         self._window_start = time.monotonic()
         self._captured_s = 0.0
         self.capture_seconds = 0.0  # total, for logs and tests
+        self.graph_batches = 0  # batches replayed through a graph / run eagerly, for logs
+        self.eager_batches = 0
 
     def bucket_for(self, tokens: int, sequences: int) -> int | None:
         for b in self.buckets:
@@ -144,6 +146,7 @@ class GpuRunner:
         bucket = self.bucket_for(total, len(lengths))
         graph = self.graphs.get(bucket) if bucket is not None else None
         if graph is not None:
+            self.graph_batches += 1
             graph.ids[:total].copy_(ids_h, non_blocking=True)
             graph.pos[:total].copy_(pos_h, non_blocking=True)
             graph.attn.plan(cu_h, self.card.causal)
@@ -151,6 +154,7 @@ class GpuRunner:
             graph.graph.replay()
             hidden = graph.out[:total]
         else:
+            self.eager_batches += 1
             ids_d = ids_h.to(self.device, non_blocking=True)
             pos_d = pos_h.to(self.device, non_blocking=True)
             self.eager_attn.plan(cu_h, self.card.causal)
@@ -208,9 +212,23 @@ class GpuRunner:
             self.model(ids, pos, attn)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: the worker's finisher thread waits on result events meanwhile, which
+        # the default ("global") mode forbids during a capture in any thread.
+        with (
+            torch.inference_mode(),
+            torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
+        ):
             out = self.model(ids, pos, attn)
         self.graphs[rows] = _Graph(graph, attn, ids, pos, out)
         spent = time.perf_counter() - started
         self._captured_s += spent
         self.capture_seconds += spent
+        log.info("captured the %d-token bucket's graph in %.3f s", rows, spent)
+
+    def summary(self) -> str:
+        """Graph use so far, for the worker's loop log."""
+        return (
+            f"graphs {sorted(self.graphs)} (failed {sorted(self.failed)}), batches "
+            f"{self.graph_batches} replayed / {self.eager_batches} eager, "
+            f"capture {self.capture_seconds:.2f} s"
+        )
