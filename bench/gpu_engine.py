@@ -290,7 +290,11 @@ def bench_mesh(
                 *([] if kernels == "default" else ["--kernels", kernels]),
                 "--credits",
                 str(credits),
-                *(["--profile-out", str(out / f"worker-{path.name}.prof")] if profile_worker else []),
+                *(
+                    ["--profile-out", str(out / f"worker-{path.name}.prof")]
+                    if profile_worker
+                    else []
+                ),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -424,7 +428,16 @@ def main() -> None:
         )
         if not args.no_mesh:
             sizes = [int(x) for x in args.per_request.split(",")]
-            r["mesh"] = bench_mesh(path, ids, tokens, args.out, sizes, args.kernels, args.credits)
+            r["mesh"] = bench_mesh(
+                path,
+                ids,
+                tokens,
+                args.out,
+                sizes,
+                args.kernels,
+                args.credits,
+                profile_worker=args.profile_worker,
+            )
             r["mesh"]["credits"] = args.credits
             print(f"  mesh: {r['mesh']['tok_s'] / 1e6:.3f} M tok/s")
         flops_per_token = model_flops(config, lengths, causal) / tokens

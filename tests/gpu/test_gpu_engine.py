@@ -140,3 +140,15 @@ def test_a_one_token_batch_and_a_full_budget_batch_both_work(bert_dir) -> None:
     assert full.shape == (32, 768) and torch.isfinite(full).all()
     halves = torch.cat([engine.embed(*pack(seqs[:16])), engine.embed(*pack(seqs[16:]))])
     assert cosines(full, halves).min() >= 0.9999
+
+
+def test_warmup_captures_do_not_spend_the_lazy_capture_budget(bert_dir, monkeypatch) -> None:
+    import mesh.worker.engine.gpu as gpu
+
+    engine = Engine.load(bert_dir, device="cuda")
+    monkeypatch.setattr(gpu, "CAPTURE_BUDGET_S", 0.001)  # far less than any capture costs
+    engine.warmup([16, 64])
+    engine.embed(*pack(random_seqs([100, 100], 1000, 30000, seed=40)))  # the 256 bucket
+    assert 256 in engine.runner.graphs  # the warm-up did not use the window up
+    engine.embed(*pack(random_seqs([300, 300], 1000, 30000, seed=41)))  # 640: over budget
+    assert 640 not in engine.runner.graphs

@@ -171,6 +171,10 @@ class GpuRunner:
             bucket = self.bucket_for(tokens, 1)
             if bucket is not None and bucket not in self.graphs:
                 self._try_capture(bucket)
+        # Asked-for captures do not spend the lazy budget: the first one also pays one-time
+        # JIT and library start-up (4 s for MiniLM on the H200), which would otherwise keep
+        # every later bucket eager for the rest of the window (seen: a whole benchmark run).
+        self._window_start, self._captured_s = time.monotonic(), 0.0
 
     def _budget_left(self) -> bool:
         now = time.monotonic()
