@@ -221,12 +221,14 @@ class WorkerServer:
             sender.close(linger=0)
 
     def _collect(self, launched: Launched) -> list[Any]:
+        # Everything that can fail here is caught: an exception escaping would end this
+        # thread, and with it every later reply of the worker.
         try:
             groups, ms = self.pipeline.collect(launched)
+            return encode(BatchResult(batch_id=launched.batch_id, compute_ms=ms, embeddings=groups))
         except Exception as exc:  # a device fault surfaces here, at the wait
             log.exception("batch %d failed", launched.batch_id)
             return encode(BatchError(launched.batch_id, ErrorCode.INTERNAL, repr(exc), True))
-        return encode(BatchResult(batch_id=launched.batch_id, compute_ms=ms, embeddings=groups))
 
     def _track(self, delta: int) -> None:
         with self._busy_lock:
