@@ -239,7 +239,7 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
                 max_batch_requests=int(opts["max_batch_requests"]),  # type: ignore[call-overload]
                 threads=opts["threads"],  # type: ignore[arg-type]
                 warmup_buckets=[int(b) for b in str(opts["warmup_buckets"]).split(",") if b],
-                kernels=opts["kernels"] or ("torch" if opts["no_compile"] else None),  # type: ignore[arg-type]
+                kernels=_kernels(opts),
                 exact_gelu=bool(opts["exact_gelu"]),
                 test_hang_after=opts["test_hang_after"],  # type: ignore[arg-type]
                 profile_out=opts["profile_out"],  # type: ignore[arg-type]
@@ -262,3 +262,11 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _kernels(opts: dict[str, object]) -> str | None:
+    """--kernels, or torch for the older --no-compile; both at once must agree."""
+    kernels = opts["kernels"]
+    if opts["no_compile"] and kernels not in (None, "torch"):
+        raise click.UsageError(f"--no-compile means --kernels torch, not --kernels {kernels}")
+    return "torch" if opts["no_compile"] else kernels  # type: ignore[return-value]

@@ -111,6 +111,12 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
 
     dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
     model_dir = cfg.model or str(default_model_path())
+    kernels = cfg.kernels
+    if kernels not in (None, "torch") and not cfg.device.startswith("cuda"):
+        # As --help says: CPU always runs plain torch; a fleet-wide setting must not stop
+        # the CPU workers of a mixed fleet.
+        log.warning("--kernels %s applies to CUDA workers only; this one runs on CPU", kernels)
+        kernels = None
     engine = Engine.load(
         model_dir,
         device=cfg.device,
@@ -118,7 +124,7 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         served_name=cfg.served_name,
         max_batch_tokens=cfg.max_batch_tokens,
         threads=cfg.threads,
-        kernels=cfg.kernels,
+        kernels=kernels,
         exact_gelu=cfg.exact_gelu,
     )
     if cfg.warmup_buckets:

@@ -76,6 +76,7 @@ class ResultPipeline:
         self._slots = threading.Semaphore(depth)
         self._lock = threading.Lock()
         self._last_done = 0.0
+        self.stopping = threading.Event()  # set by the owner to unblock a waiting launch
 
     def launch(self, batch: BatchAssign) -> Launched:
         """Queue ``batch``'s forward and result copies. Raises ValueError for input the
@@ -89,11 +90,15 @@ class ResultPipeline:
                     part = pooled
                 else:
                     rows = torch.from_numpy(np.flatnonzero(batch.output_index == g))
-                    part = pooled[rows.to(pooled.device)]
+                    if self.cuda:  # pinned and non_blocking: a pageable copy syncs the stream
+                        rows = rows.pin_memory().to(pooled.device, non_blocking=True)
+                    part = pooled[rows]
                 outputs.append(finalize_tensor(part, out.dims, out.normalize, out.kind))
             if not self.cuda:
                 return Launched(batch.batch_id, started, [t.numpy() for t in outputs])
-            self._slots.acquire()
+            while not self._slots.acquire(timeout=0.5):
+                if self.stopping.is_set():  # a finisher that died or a hung device
+                    raise RuntimeError("worker stopping while waiting for a result slot")
             with self._lock:
                 slot = self._free.pop()
             try:

@@ -67,8 +67,8 @@ class LoopStats:
     batches: int = 0
     waited_s: float = 0.0  # from arrival at the link to the start of its launch
     launch_s: float = 0.0  # compute thread: checks, forward launch, result copies queued
-    collect_s: float = 0.0  # finisher: waiting for the device, then copying results out
-    send_s: float = 0.0  # finisher: encoding and handing to the link
+    collect_s: float = 0.0  # finisher: waiting for the device, copying results out, encoding
+    send_s: float = 0.0  # finisher: handing the frames to the link
 
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds per thread
 
@@ -118,6 +118,7 @@ class WorkerServer:
 
     def stop(self) -> None:
         self._stop.set()
+        self.pipeline.stopping.set()
 
     def run(self) -> None:
         """Serve until stop() (or a signal handler calling it).
@@ -166,12 +167,16 @@ class WorkerServer:
             self.stats.cpu_s["compute"] = time.thread_time() - cpu_at_start
             if profile is not None:
                 profile.disable()
-                profile.dump_stats(self.options.profile_out)
             self._done.put(None)
             finisher.join(timeout=10)
             self.link.stop()
             self.stats.cpu_s["link"] = self.link.cpu_s
             sys.setswitchinterval(switch)
+            if profile is not None:
+                try:
+                    profile.dump_stats(self.options.profile_out)
+                except OSError as exc:  # diagnostics must not break shutdown
+                    log.error("could not write the profile: %s", exc)
             log.info("worker loop: %s", self.stats.summary())
             runner = getattr(self.engine, "runner", None)
             if runner is not None:
@@ -209,7 +214,10 @@ class WorkerServer:
                 started = time.monotonic()
                 frames = launched if isinstance(launched, list) else self._collect(launched)
                 collected = time.monotonic()
-                sender.send_multipart([str(item.epoch).encode(), *frames], copy=False)
+                try:
+                    sender.send_multipart([str(item.epoch).encode(), *frames], copy=False)
+                except zmq.ZMQError:  # lost reply: the broker's batch deadline requeues it
+                    log.exception("could not hand batch results to the link")
                 self.stats.collect_s += collected - started
                 self.stats.send_s += time.monotonic() - collected
                 self.stats.batches += 1

@@ -253,3 +253,43 @@ def test_worker_threads_split_the_cores_between_cpu_workers() -> None:
     assert worker_threads(_opts(workers=cores * 2)) == 1
     assert worker_threads(_opts(workers=1, threads=3)) == 3
     assert worker_threads(_opts(workers=1, device="cuda")) is None
+
+
+def test_kernels_and_no_compile_must_agree() -> None:
+    from click.testing import CliRunner
+
+    from launch.cli import main
+
+    result = CliRunner().invoke(main, ["--role", "worker", "--kernels", "fused", "--no-compile"])
+    assert result.exit_code == 2 and "--no-compile means --kernels torch" in result.output
+
+
+def test_a_cpu_worker_ignores_cuda_kernel_choices(monkeypatch) -> None:
+    import launch.roles as roles
+    from mesh.config import Liveness
+
+    seen: dict[str, object] = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_load(model_dir, **kw):  # noqa: ANN001, ANN003
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr("mesh.worker.engine.engine.Engine.load", fake_load)
+    cfg = roles.WorkerConfig(
+        broker="ipc:///t/b",
+        model=None,
+        served_name=None,
+        device="cpu",
+        dtype=None,
+        credits=2,
+        max_batch_tokens=None,
+        max_batch_requests=64,
+        threads=1,
+        kernels="fused",
+    )
+    with pytest.raises(Stop):
+        roles.run_worker(cfg, Liveness(), roles.Security())
+    assert seen["kernels"] is None

@@ -9,9 +9,11 @@ first minutes of traffic (``warmup`` captures chosen buckets up front). Graphs g
 eagerly took BERT-base from 1.75 to 1.99 M tok/s and MiniLM from 6.05 to 6.5 M, because this
 host's slow cores could not launch ~100 kernels a batch ahead of the GPU.
 
-Inputs go through pinned host buffers and ``non_blocking`` copies, so the host prepares the
+Inputs go through pinned host buffers (three, used in turn) and ``non_blocking`` copies, so the host prepares the
 next batch while the device still runs this one; each graph reads static device buffers
-(ids, positions) and writes a static output that pooling reads before any later replay.
+(ids, positions, pooling indices) and ends with the pooling itself (:func:`static_pool`), so
+a replayed batch costs the host one launch for what eager pooling takes a dozen for; its
+static output is copied before any later replay.
 """
 
 from __future__ import annotations
@@ -57,13 +59,15 @@ def model_heads(model: torch.nn.Module) -> tuple[int, int, int]:
 
 
 class _Staging:
-    """Pinned host buffers for one batch's ids and positions, reused once the copies out of
-    them have run (an event guards the reuse)."""
+    """Pinned host buffers for one batch's ids and positions (and a graph's pooling
+    indices), reused once the copies out of them have run (an event guards the reuse)."""
 
     def __init__(self, tokens: int) -> None:
         self.ids = torch.empty(tokens, dtype=torch.int64, pin_memory=True)
         self.pos = torch.empty(tokens, dtype=torch.int64, pin_memory=True)
         self.cu = torch.empty(tokens + 1, dtype=torch.int32, pin_memory=True)
+        self.index = torch.empty(tokens, dtype=torch.int64, pin_memory=True)
+        self.inv = torch.empty(MAX_GRAPH_SEQUENCES + 1, dtype=torch.float32, pin_memory=True)
         self.copied = torch.cuda.Event()
         self.copied.record()
 
@@ -73,7 +77,7 @@ class _Staging:
         self.copied.synchronize()
         if ids.shape[0] > self.ids.shape[0] or offsets.shape[0] > self.cu.shape[0]:
             grown = _Staging(max(ids.shape[0], offsets.shape[0]))
-            self.ids, self.pos, self.cu = grown.ids, grown.pos, grown.cu
+            self.ids, self.pos, self.cu, self.index = grown.ids, grown.pos, grown.cu, grown.index
         n, m = ids.shape[0], offsets.shape[0]
         self.ids.numpy()[:n] = ids
         self.pos.numpy()[:n] = pos
@@ -87,7 +91,52 @@ class _Graph:
     attn: Any
     ids: torch.Tensor
     pos: torch.Tensor
-    out: torch.Tensor
+    index: torch.Tensor  # pooling: each row's sequence (mean) or each sequence's row
+    inv: torch.Tensor  # mean pooling: 1 / length per sequence slot
+    pooled: torch.Tensor  # [slots, hidden] float32, written by every replay
+
+
+def fill_pool_indices(
+    mode: str,
+    seg: np.ndarray,
+    offsets: np.ndarray,
+    lengths: np.ndarray,
+    index: np.ndarray,
+    inv: np.ndarray,
+    rows: int,
+) -> int:
+    """Write :func:`static_pool`'s inputs for one batch into ``index`` and ``inv`` (host
+    buffers of at least ``rows`` and ``slots + 1`` entries, ``slots = len(inv) - 1``):
+    ``seg`` is each real token's sequence, ``rows`` the bucket's rows. Returns how many
+    entries of ``index`` the graph reads."""
+    n, slots = len(lengths), len(inv) - 1
+    inv[:n] = 1.0 / lengths
+    inv[n:] = 0.0
+    if mode == "mean":
+        index[: seg.shape[0]] = seg
+        index[seg.shape[0] : rows] = slots  # padding rows go to the spare slot
+        return rows
+    index[:n] = offsets[:-1] if mode == "cls" else offsets[1:] - 1
+    index[n:slots] = 0
+    return slots
+
+
+def static_pool(
+    hidden: torch.Tensor, index: torch.Tensor, inv: torch.Tensor, mode: str, slots: int
+) -> torch.Tensor:
+    """Pooling with shapes fixed per bucket, so it can live inside the bucket's graph.
+
+    ``mean``: ``index[r]`` is row r's sequence slot (padding rows point at a spare last
+    slot that is never read) and ``inv[s]`` is 1 / length of slot s, so one ``index_add_``
+    and one multiply replace the dozen launches of :func:`pooling.pool` per batch (host time
+    the small models' 2 ms batches cannot spare). ``cls``/``last``: ``index[s]`` is the
+    row to take for slot s.
+    """
+    if mode == "mean":
+        sums = torch.zeros(slots + 1, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+        sums.index_add_(0, index, hidden.float())
+        return sums * inv[:, None]
+    return hidden[index].float()
 
 
 class GpuRunner:
@@ -119,7 +168,9 @@ class GpuRunner:
         self.graphs: dict[int, _Graph] = {}
         self.failed: set[int] = set()  # buckets whose capture failed: they stay eager
         self.pool = torch.cuda.graph_pool_handle()
-        self.staging = [_Staging(16384), _Staging(16384)]
+        # One more than the worker's usual two batches in flight, so a third credit does not
+        # wait here for a buffer the device has not read yet.
+        self.staging = [_Staging(16384) for _ in range(3)]
         self._turn = 0
         self._window_start = time.monotonic()
         self._captured_s = 0.0
@@ -137,33 +188,52 @@ class GpuRunner:
         """Pooled ``float32 [n, D]`` on the device for a validated packed batch."""
         offsets = np.ascontiguousarray(offsets, dtype=np.int32)
         lengths = np.diff(offsets)
-        total = int(offsets[-1])
-        pos = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1].astype(np.int64), lengths)
+        n, total = len(lengths), int(offsets[-1])
+        seg = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        pos = np.arange(total, dtype=np.int64) - offsets[:-1].astype(np.int64)[seg]
         stage = self.staging[self._turn]
-        self._turn ^= 1
+        self._turn = (self._turn + 1) % len(self.staging)
         ids_h, pos_h, cu_h = stage.fill(ids, pos, offsets)
-        cu_d = cu_h.to(self.device, non_blocking=True)
-        bucket = self.bucket_for(total, len(lengths))
+        bucket = self.bucket_for(total, n)
         graph = self.graphs.get(bucket) if bucket is not None else None
         if graph is not None:
             self.graph_batches += 1
             graph.ids[:total].copy_(ids_h, non_blocking=True)
             graph.pos[:total].copy_(pos_h, non_blocking=True)
+            self._stage_pooling(stage, graph, seg, offsets, lengths)
             graph.attn.plan(cu_h, self.card.causal)
             stage.copied.record()  # after plan: it may copy from cu_h too
             graph.graph.replay()
-            hidden = graph.out[:total]
-        else:
-            self.eager_batches += 1
-            ids_d = ids_h.to(self.device, non_blocking=True)
-            pos_d = pos_h.to(self.device, non_blocking=True)
-            self.eager_attn.plan(cu_h, self.card.causal)
-            stage.copied.record()
-            hidden = self.model(ids_d, pos_d, self.eager_attn)
+            # A copy: the next replay rewrites the static output.
+            return graph.pooled[:n].clone()
+        self.eager_batches += 1
+        ids_d = ids_h.to(self.device, non_blocking=True)
+        pos_d = pos_h.to(self.device, non_blocking=True)
+        cu_d = cu_h.to(self.device, non_blocking=True)
+        self.eager_attn.plan(cu_h, self.card.causal)
+        stage.copied.record()
+        hidden = self.model(ids_d, pos_d, self.eager_attn)
         pooled = pool(hidden, cu_d, self.card.pooling)
-        if bucket is not None and graph is None and self._budget_left():
+        if bucket is not None and self._budget_left():
             self._try_capture(bucket)
         return pooled
+
+    def _stage_pooling(
+        self,
+        stage: _Staging,
+        graph: _Graph,
+        seg: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+    ) -> None:
+        """Hand a graph's pooling its indices for this batch (see :func:`static_pool`)."""
+        rows, slots = graph.ids.shape[0], graph.inv.shape[0] - 1
+        inv = stage.inv.numpy()[: slots + 1]  # sized to this graph: its spare slot is last
+        used = fill_pool_indices(
+            self.card.pooling, seg, offsets, lengths, stage.index.numpy(), inv, rows
+        )
+        graph.index.copy_(stage.index[:used], non_blocking=True)
+        graph.inv.copy_(stage.inv[: slots + 1], non_blocking=True)
 
     def warmup(self, buckets: list[int]) -> None:
         """Capture the given buckets now (each rounded up to a bucket), budget or not."""
@@ -206,6 +276,9 @@ class GpuRunner:
         )
         ids = torch.zeros(rows, dtype=torch.int64, device=self.device)
         pos = torch.arange(rows, dtype=torch.int64, device=self.device) % 8
+        mode = self.card.pooling
+        index = torch.zeros(rows if mode == "mean" else seqs, dtype=torch.int64, device=self.device)
+        inv = torch.zeros(seqs + 1, dtype=torch.float32, device=self.device)
         # One planned length mix; replays re-plan with their own (same sequence slots).
         attn.plan(torch.tensor([0, rows], dtype=torch.int32), self.card.causal)
         side = torch.cuda.Stream(self.device)
@@ -213,7 +286,7 @@ class GpuRunner:
         with torch.inference_mode(), torch.cuda.stream(side):
             # A warm run first: lazy initialisation (cuBLAS handles, compiled kernels) must
             # not happen inside the capture.
-            self.model(ids, pos, attn)
+            static_pool(self.model(ids, pos, attn), index, inv, mode, seqs)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: the worker's finisher thread waits on result events meanwhile, which
@@ -222,8 +295,8 @@ class GpuRunner:
             torch.inference_mode(),
             torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
         ):
-            out = self.model(ids, pos, attn)
-        self.graphs[rows] = _Graph(graph, attn, ids, pos, out)
+            pooled = static_pool(self.model(ids, pos, attn), index, inv, mode, seqs)
+        self.graphs[rows] = _Graph(graph, attn, ids, pos, index, inv, pooled)
         spent = time.perf_counter() - started
         self._captured_s += spent
         self.capture_seconds += spent

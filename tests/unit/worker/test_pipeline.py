@@ -105,3 +105,16 @@ def test_slot_views_are_aligned_and_grow() -> None:
     small = slot.buf
     big = slot.views([torch.zeros(1 << 19)])  # 2 MiB: over the first 1 MiB buffer
     assert slot.buf.numel() >= 1 << 21 and slot.buf is not small and big[0].numel() == 1 << 19
+
+
+def test_a_launch_waiting_for_a_slot_gives_up_when_the_worker_stops() -> None:
+    # CUDA bookkeeping on CPU tensors: every slot taken (a finisher that died, a hung
+    # device), then stop: the launch must not block the compute thread for good.
+    import threading
+
+    engine = FixedEngine()
+    pipe = ResultPipeline(engine, torch.device("cuda"), depth=1)
+    pipe._slots = threading.Semaphore(0)
+    threading.Timer(0.2, pipe.stopping.set).start()
+    with pytest.raises(RuntimeError, match="stopping"):
+        pipe.launch(batch(1, [2], [OutputOptions()], [0]))
