@@ -260,13 +260,13 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
         raise click.ClickException(f"{role}: {exc}") from exc
 
 
-if __name__ == "__main__":
-    main()
-
-
 def _kernels(opts: dict[str, object]) -> str | None:
     """--kernels, or torch for the older --no-compile; both at once must agree."""
     kernels = opts["kernels"]
     if opts["no_compile"] and kernels not in (None, "torch"):
         raise click.UsageError(f"--no-compile means --kernels torch, not --kernels {kernels}")
     return "torch" if opts["no_compile"] else kernels  # type: ignore[return-value]
+
+
+if __name__ == "__main__":
+    main()
