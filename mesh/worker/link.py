@@ -153,15 +153,7 @@ class BrokerLink:
                     if not self._on_message(frames, epoch, now):
                         return heard_any
             if self._results in events:
-                while True:
-                    try:
-                        tagged = self._results.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    # First frame is the epoch the batch came in on: results of an old
-                    # session go nowhere (the broker already gave that work to someone else).
-                    if int(tagged[0].bytes) == epoch:
-                        sock.send_multipart(tagged[1:], copy=False)
+                self._forward_results(sock, epoch)
             if now >= next_beat:
                 beat = Heartbeat(progress=self.progress, busy=self.busy)
                 sock.send_multipart(encode(beat))
@@ -169,8 +161,22 @@ class BrokerLink:
             if now - last_heard > self.liveness.expiry_s:
                 return heard_any
         with contextlib.suppress(zmq.ZMQError):
+            # Replies the compute side finished while we were stopping go out first: the
+            # broker would otherwise requeue that work and another worker redo it.
+            self._forward_results(sock, epoch)
             sock.send_multipart(encode(Disconnect(reason="worker shutting down")))
         return heard_any
+
+    def _forward_results(self, sock: zmq.Socket, epoch: int) -> None:
+        while True:
+            try:
+                tagged = self._results.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            # First frame is the epoch the batch came in on: results of an old session go
+            # nowhere (the broker already gave that work to someone else).
+            if int(tagged[0].bytes) == epoch:
+                sock.send_multipart(tagged[1:], copy=False)
 
     def _on_message(self, frames: list[zmq.Frame], epoch: int, now: float) -> bool:
         """Handle one broker message; False means 'reconnect now'."""

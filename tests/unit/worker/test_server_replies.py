@@ -5,6 +5,7 @@ ending the finisher thread (which would silence the worker for good)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import torch
@@ -16,6 +17,7 @@ from proto_msgs import (
     BatchAssign,
     BatchError,
     BatchResult,
+    Disconnect,
     ErrorCode,
     Heartbeat,
     ModelInfo,
@@ -103,3 +105,47 @@ def test_every_batch_gets_one_reply_even_when_building_one_fails() -> None:
     assert not thread.is_alive()
     # Counted after each send, so only certain once the loop has stopped.
     assert server.stats.batches == 3 and server.link.progress == 3
+
+
+class SlowEngine(SumEngine):
+    def __init__(self, started: threading.Event) -> None:
+        self.started = started
+
+    def embed(self, ids: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
+        self.started.set()
+        time.sleep(0.5)
+        return super().embed(ids, offsets)
+
+
+def test_a_batch_in_flight_at_stop_is_answered_before_the_disconnect() -> None:
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind("inproc://fake-broker-2")
+    started = threading.Event()
+    info = ModelInfo("m", [], DIMS, 512, 1000, "mean", False, "0" * 64)
+    server = WorkerServer(
+        ctx,
+        SlowEngine(started),
+        info,
+        b"{}",
+        "inproc://fake-broker-2",
+        WorkerOptions("w", 2, 1024, 64, "cpu"),
+        Liveness(interval_s=0.5),
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        assert router.poll(10_000)
+        identity, *frames = router.recv_multipart()
+        assert isinstance(decode(frames), WorkerReady)
+        router.send_multipart([identity, *encode(_assign(7))])
+        assert started.wait(10)
+        server.stop()  # while batch 7 is still computing
+        reply = _next_reply(router)
+        assert isinstance(reply, BatchResult) and reply.batch_id == 7
+        assert isinstance(_next_reply(router), Disconnect)
+    finally:
+        server.stop()
+        thread.join(10)
+        router.close(linger=0)
+        ctx.destroy(linger=0)
