@@ -70,7 +70,6 @@ class Launched:
 class ResultPipeline:
     def __init__(self, engine: object, device: torch.device, depth: int = 2) -> None:
         self.engine = engine
-        self.device = device
         self.cuda = device.type == "cuda"
         self._free: list[_Slot] = [_Slot(self.cuda) for _ in range(depth)]
         self._slots = threading.Semaphore(depth)

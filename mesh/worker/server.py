@@ -204,7 +204,6 @@ class WorkerServer:
     def _finish_loop(self) -> None:
         """Owner of the result socket: replies in launch order, counts progress."""
         sender = self.link.result_sender()
-        done = 0
         try:
             while True:
                 entry = self._done.get()
@@ -221,8 +220,7 @@ class WorkerServer:
                 self.stats.collect_s += collected - started
                 self.stats.send_s += time.monotonic() - collected
                 self.stats.batches += 1
-                done += 1
-                self.link.progress = done
+                self.link.progress = self.stats.batches
                 self._track(-1)
         finally:
             self.stats.cpu_s["finisher"] = time.thread_time()
