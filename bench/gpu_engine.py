@@ -304,7 +304,7 @@ def bench_mesh(
     ]
     try:
         pids = {"client": os.getpid(), "broker": procs[0].pid, "worker": procs[1].pid}
-        return asyncio.run(_drive(front, ids, tokens, sizes, pids))
+        return asyncio.run(drive_mesh(front, ids, tokens, sizes, pids))
     finally:
         for p in procs:
             p.terminate()
@@ -316,22 +316,36 @@ def bench_mesh(
         log.close()
 
 
-async def _drive(
-    front: str, ids: list[np.ndarray], tokens: int, sizes: list[int], pids: dict[str, int]
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def drive_mesh(
+    front: str,
+    ids: list[np.ndarray],
+    tokens: int,
+    sizes: list[int],
+    pids: dict[str, int],
+    model: str = "bench",
+    in_flight: int = 128,
 ) -> dict:
-    from bench.mesh_overhead import cpu_seconds
+    """Through a running mesh: for each request size, a warm pass then a timed pass of
+    ``embed_tokens`` requests over ``ids`` (at most ``in_flight`` outstanding) with the
+    core share of each process in ``pids``; then the latency of single 16-token requests."""
     from mesh.client import MeshClient
 
     t = time.perf_counter()
     client = MeshClient(front, default_timeout_s=600)
     await client.start()
-    await client.wait_ready(300, model="bench")
+    await client.wait_ready(300, model=model)
     ready_s = time.perf_counter() - t
-    gate = asyncio.Semaphore(128)
+    gate = asyncio.Semaphore(in_flight)
 
     async def one(batch) -> None:
         async with gate:
-            await client.embed_tokens(*batch, model="bench")
+            await client.embed_tokens(*batch, model=model)
 
     result: dict = {"worker_ready_s": ready_s, "by_request_size": {}}
     for size in sizes:
@@ -355,7 +369,7 @@ async def _drive(
     lat = []
     for i in range(250):
         t = time.perf_counter()
-        await client.embed_tokens(*query, model="bench")
+        await client.embed_tokens(*query, model=model)
         if i >= 50:
             lat.append(time.perf_counter() - t)
     result["latency16_ms"] = 1000 * float(np.median(lat))

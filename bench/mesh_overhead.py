@@ -31,7 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.gpu_engine import workload  # noqa: E402
+from bench.gpu_engine import drive_mesh, workload  # noqa: E402
 
 DIMS = 384
 VOCAB = 30522
@@ -77,60 +77,9 @@ def run_worker(backend: str, batch_ms: float, budget: int) -> None:
     print("worker:", server.stats.summary(), file=sys.stderr)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def drive(
-    front: str, lengths: np.ndarray, per_request: int, in_flight: int, pids: dict[str, int]
-) -> dict:
-    from mesh.client import MeshClient
-
+def random_ids(lengths: np.ndarray) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
-    ids = [rng.integers(1000, VOCAB, size=int(n), dtype=np.int32) for n in lengths]
-    requests = []
-    for i in range(0, len(ids), per_request):
-        part = ids[i : i + per_request]
-        offsets = np.zeros(len(part) + 1, dtype=np.int32)
-        np.cumsum([len(s) for s in part], out=offsets[1:])
-        requests.append((np.concatenate(part), offsets))
-    client = MeshClient(front, default_timeout_s=600)
-    await client.start()
-    await client.wait_ready(60, model="null")
-    gate = asyncio.Semaphore(in_flight)
-
-    async def one(batch: tuple[np.ndarray, np.ndarray]) -> None:
-        async with gate:
-            await client.embed_tokens(*batch, model="null")
-
-    rates = []
-    tokens = int(lengths.sum())
-    for _ in range(2):
-        before = {k: cpu_seconds(p) for k, p in pids.items()}
-        t = time.perf_counter()
-        await asyncio.gather(*(one(r) for r in requests))
-        wall = time.perf_counter() - t
-        rates.append(tokens / wall)
-    # The share of one core each process kept busy in the timed pass: a process near 1.0
-    # is the bottleneck.
-    busy = {k: round((cpu_seconds(p) - before[k]) / wall, 2) for k, p in pids.items()}
-    query = (np.arange(1000, 1016, dtype=np.int32), np.array([0, 16], dtype=np.int32))
-    lat = []
-    for i in range(300):
-        t = time.perf_counter()
-        await client.embed_tokens(*query, model="null")
-        if i >= 50:
-            lat.append(1000 * (time.perf_counter() - t))
-    await client.close()
-    return {
-        "tok_s": rates[-1],
-        "warm_pass_tok_s": rates[0],
-        "tokens": tokens,
-        "core_share": busy,
-        "latency16_ms_p50": float(np.median(lat)),
-    }
+    return [rng.integers(1000, VOCAB, size=int(n), dtype=np.int32) for n in lengths]
 
 
 def main() -> None:
@@ -158,8 +107,17 @@ def main() -> None:
     ]
     try:
         pids = {"client": os.getpid(), "broker": procs[0].pid, "worker": procs[1].pid}
+        lengths = workload(args.texts)
         result = asyncio.run(
-            drive(front, workload(args.texts), args.per_request, args.in_flight, pids)
+            drive_mesh(
+                front,
+                random_ids(lengths),
+                int(lengths.sum()),
+                [args.per_request],
+                pids,
+                model="null",
+                in_flight=args.in_flight,
+            )
         )
     finally:
         for p in procs:
