@@ -11,6 +11,7 @@ n+1 entries, ``offsets[0] == 0``, ``offsets[-1] == len(token_ids)``); sequence `
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import ClassVar
 
 import numpy as np
@@ -28,8 +29,9 @@ OUTPUT_KINDS: dict[str, str] = {
 }
 
 
-class Lane:
-    """Priority lanes of the broker queue (plain ints on the wire)."""
+class Lane(IntEnum):
+    """Priority lanes of every queue on the path (plain ints on the wire): live queries go
+    INTERACTIVE, bulk work BATCH. Declared once; the broker queue and the ingress import it."""
 
     INTERACTIVE = 0
     BATCH = 1
@@ -144,6 +146,11 @@ class RequestResult(Message):
     embeddings: np.ndarray  # [k, d] of the dtype of the request's output kind
     queue_ms: float = 0.0  # how long these sequences waited in the broker before dispatch
     compute_ms: float = 0.0  # the worker's compute time of the batch that carried them
+    # Per-hop durations in ms of the batch that carried them, each measured inside one process
+    # (so clocks of different hosts never meet): the worker's (see BatchResult.timings) plus
+    # the broker's "broker_in" (submit received → batch sent) and "broker_out" (result received
+    # → this chunk sent). Names are documented in docs/architecture.md; unknown names are kept.
+    timings: dict[str, float] = field(default_factory=dict)
 
     def validate(self) -> None:
         if self.indices.ndim != 1 or self.embeddings.ndim != 2:
@@ -299,6 +306,10 @@ class BatchResult(Message):
     batch_id: int
     compute_ms: float
     embeddings: list[np.ndarray]
+    # Worker-side durations in ms, each measured on the worker's clock: "worker_wait" (batch
+    # received → launched), "worker_compute" (launch → results on the host), "worker_reply"
+    # (results on the host → reply handed to the socket). Empty from workers that do not say.
+    timings: dict[str, float] = field(default_factory=dict)
 
     def validate(self) -> None:
         if any(e.ndim != 2 for e in self.embeddings):

@@ -20,7 +20,6 @@ import itertools
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import NamedTuple
 
 import numpy as np
@@ -28,6 +27,7 @@ import numpy as np
 from mesh import errors
 from mesh.broker.inflight import RequestTable
 from mesh.config import AGING_S
+from proto_msgs import Lane
 
 RequestKey = tuple[bytes, int]  # (ingress peer identity, correlation id)
 
@@ -35,11 +35,6 @@ RATE_WINDOW_S = 1.0  # period over which the drain rate behind Retry-After is me
 RETRY_AFTER_DEFAULT_S = 1.0  # Retry-After before any batch of the model was formed
 RETRY_AFTER_MAX_S = 30.0  # a longer wait is better told as "try another broker"; 10..120
 COMPACT_AFTER = 1024  # ended spans a lane holds before it is rebuilt without them
-
-
-class Lane(IntEnum):
-    INTERACTIVE = 0
-    BATCH = 1
 
 
 class Overloaded(errors.Overloaded):
