@@ -8,8 +8,8 @@ from pathlib import Path
 import orjson
 
 REPO = Path(__file__).resolve().parents[1]
-# ../shared/data/corpus.jsonl next to the checkout: 2,500 real English texts, 40 % queries.
-DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus.jsonl"
+# data/corpus.jsonl in the repository (a copy of the shared corpus): 2,500 real English texts, 40 % queries.
+DEFAULT_CORPUS = REPO / "data" / "corpus.jsonl"
 
 
 def load_texts(path: str | Path = DEFAULT_CORPUS, kind: str | None = None) -> list[str]:

@@ -33,7 +33,7 @@ MAX_TOKENS = 256  # all-MiniLM-L6-v2's input limit
 # Small enough that one request (a few hundred thousand tokens of ids) fills the queue, so 429
 # and 413-from-the-broker are reachable; large enough for every other test's traffic.
 MAX_QUEUED_TOKENS = 300_000
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "corpus.jsonl"
+CORPUS = Path(__file__).resolve().parents[2] / "data" / "corpus.jsonl"
 # Text the corpus lacks: other scripts, emoji, odd whitespace, one character, digits.
 ODD_TEXTS = [
     "a",

@@ -21,15 +21,12 @@ from mesh.worker.engine.engine import Engine
 from mesh.worker.engine.outputs import finalize
 from tests.integration.conftest import MODEL, TEST_LIVENESS, Mesh, wait_for_workers
 
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "corpus.jsonl"
+CORPUS = Path(__file__).resolve().parents[2] / "data" / "corpus.jsonl"
 
 
 def corpus_texts(n: int) -> list[str]:
-    if CORPUS.exists():
-        with CORPUS.open() as f:
-            texts = [json.loads(line)["text"] for line in f]
-    else:  # a checkout without ../shared: varied synthetic text still exercises the paths
-        texts = [f"sentence {i} about " + "brokers and workers " * (i % 40) for i in range(2500)]
+    with CORPUS.open() as f:
+        texts = [json.loads(line)["text"] for line in f]
     return texts[:n]
 
 
