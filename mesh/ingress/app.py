@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -245,7 +246,8 @@ async def _get_model(request: web.Request) -> web.Response:
 
 async def _health(request: web.Request) -> web.Response:
     health = request.app[STATE].catalog.health()
-    return _json(health.body, status=200 if health.ok else 503)
+    # Several ingress processes may share the port: say which one answered (its own links).
+    return _json({**health.body, "pid": os.getpid()}, status=200 if health.ok else 503)
 
 
 async def _metrics(request: web.Request) -> web.Response:
