@@ -39,7 +39,7 @@ class Incoming:
 
     epoch: int
     batch: BatchAssign
-    received_at: float
+    received_at: float  # perf_counter when the link read it: the worker's hop timings start here
 
 
 class BrokerLink:
@@ -150,7 +150,7 @@ class BrokerLink:
                     last_heard = now
                     heard_any = True
                     self.connected.set()
-                    if not self._on_message(frames, epoch, now):
+                    if not self._on_message(frames, epoch, time.perf_counter()):
                         return heard_any
             if self._results in events:
                 self._forward_results(sock, epoch)
@@ -178,7 +178,7 @@ class BrokerLink:
             if int(tagged[0].bytes) == epoch:
                 sock.send_multipart(tagged[1:], copy=False)
 
-    def _on_message(self, frames: list[zmq.Frame], epoch: int, now: float) -> bool:
+    def _on_message(self, frames: list[zmq.Frame], epoch: int, received_at: float) -> bool:
         """Handle one broker message; False means 'reconnect now'."""
         try:
             msg = decode(frames)
@@ -188,7 +188,7 @@ class BrokerLink:
                 log.warning("dropped malformed message from broker (%s)", exc.reason)
             return True
         if isinstance(msg, BatchAssign):
-            self.batches.put(Incoming(epoch=epoch, batch=msg, received_at=now))
+            self.batches.put(Incoming(epoch=epoch, batch=msg, received_at=received_at))
         elif isinstance(msg, Disconnect):
             log.warning("broker asked us to reconnect: %s", msg.reason)
             return False

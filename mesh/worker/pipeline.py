@@ -60,11 +60,14 @@ class Launched:
     """A batch whose forward is queued; :meth:`ResultPipeline.collect` gives its results."""
 
     batch_id: int
-    started: float
+    started: float  # perf_counter when its launch began
     host: list[torch.Tensor] | list[np.ndarray]
     done: torch.cuda.Event | None = None
     slot: _Slot | None = None
     keep: list[torch.Tensor] = field(default_factory=list)  # device results until copied
+    # perf_counter when the results were on the host: the end of launch on CPU (it computes
+    # them), the end of collect's wait and copy out of the slot on CUDA.
+    ready_at: float = 0.0
 
 
 class ResultPipeline:
@@ -94,7 +97,8 @@ class ResultPipeline:
                     part = pooled[rows]
                 outputs.append(finalize_tensor(part, out.dims, out.normalize, out.kind))
             if not self.cuda:
-                return Launched(batch.batch_id, started, [t.numpy() for t in outputs])
+                host = [t.numpy() for t in outputs]
+                return Launched(batch.batch_id, started, host, ready_at=time.perf_counter())
             while not self._slots.acquire(timeout=0.5):
                 if self.stopping.is_set():  # a finisher that died or a hung device
                     raise RuntimeError("worker stopping while waiting for a result slot")
@@ -121,6 +125,7 @@ class ResultPipeline:
                 # polling, which took the GIL from the compute thread every poll.
                 launched.done.synchronize()
                 results = [np.array(t.numpy()) for t in launched.host]  # out of the slot
+                launched.ready_at = time.perf_counter()
             else:
                 results = list(launched.host)  # type: ignore[arg-type]
         finally:

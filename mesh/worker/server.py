@@ -82,6 +82,20 @@ class LoopStats:
         return f"{self.batches} batches; mean ms: {means}; CPU s: {cpus}"
 
 
+def reply_timings(received_at: float, launched: Launched) -> dict[str, float]:
+    """BatchResult.timings of one batch, in ms, from perf_counter stamps (no device syncs).
+
+    "worker_reply" ends when the reply starts being encoded, the last moment a message can
+    carry: the encoding itself (tens of µs for a query) and the hand-off to the link's socket
+    come after it and are not counted.
+    """
+    return {
+        "worker_wait": (launched.started - received_at) * 1000,
+        "worker_compute": (launched.ready_at - launched.started) * 1000,
+        "worker_reply": (time.perf_counter() - launched.ready_at) * 1000,
+    }
+
+
 class WorkerServer:
     def __init__(
         self,
@@ -158,10 +172,10 @@ class WorkerServer:
                     self._stop.wait()
                     break
                 self._track(+1)
-                started = time.monotonic()
+                started = time.perf_counter()
                 self.stats.waited_s += started - item.received_at
                 self._done.put((item, self._launch(item)))
-                self.stats.launch_s += time.monotonic() - started
+                self.stats.launch_s += time.perf_counter() - started
                 launched += 1
         finally:
             self.stats.cpu_s["compute"] = time.thread_time() - cpu_at_start
@@ -185,7 +199,7 @@ class WorkerServer:
     def _launch(self, item: Incoming) -> Launched | list[Any]:
         """Launch ``item`` on the engine, or the frames of its error reply."""
         batch = item.batch
-        expired = time.monotonic() - item.received_at > batch.timeout_ms / 1000
+        expired = time.perf_counter() - item.received_at > batch.timeout_ms / 1000
         if expired:
             return encode(
                 BatchError(batch.batch_id, ErrorCode.DEADLINE_EXCEEDED, "batch expired", False)
@@ -210,15 +224,15 @@ class WorkerServer:
                 if entry is None:
                     break
                 item, launched = entry
-                started = time.monotonic()
-                frames = launched if isinstance(launched, list) else self._collect(launched)
-                collected = time.monotonic()
+                started = time.perf_counter()
+                frames = launched if isinstance(launched, list) else self._collect(item, launched)
+                collected = time.perf_counter()
                 try:
                     sender.send_multipart([str(item.epoch).encode(), *frames], copy=False)
                 except zmq.ZMQError:  # lost reply: the broker's batch deadline requeues it
                     log.exception("could not hand batch results to the link")
                 self.stats.collect_s += collected - started
-                self.stats.send_s += time.monotonic() - collected
+                self.stats.send_s += time.perf_counter() - collected
                 self.stats.batches += 1
                 self.link.progress = self.stats.batches
                 self._track(-1)
@@ -226,12 +240,14 @@ class WorkerServer:
             self.stats.cpu_s["finisher"] = time.thread_time()
             sender.close(linger=0)
 
-    def _collect(self, launched: Launched) -> list[Any]:
+    def _collect(self, item: Incoming, launched: Launched) -> list[Any]:
         # Everything that can fail here is caught: an exception escaping would end this
         # thread, and with it every later reply of the worker.
         try:
             groups, ms = self.pipeline.collect(launched)
-            return encode(BatchResult(batch_id=launched.batch_id, compute_ms=ms, embeddings=groups))
+            timings = reply_timings(item.received_at, launched)
+            result = BatchResult(launched.batch_id, ms, groups, timings)
+            return encode(result)
         except Exception as exc:  # a device fault surfaces here, at the wait
             log.exception("batch %d failed", launched.batch_id)
             return encode(BatchError(launched.batch_id, ErrorCode.INTERNAL, repr(exc), True))

@@ -1,6 +1,7 @@
 """The worker's two-deep pipeline on CUDA: batches launched back to back (the second before
 the first is collected) come back with their own results, equal to the synchronous path,
-through graphs and pinned result slots reused across batches."""
+through graphs and pinned result slots reused across batches, stamped for the reply's
+timings."""
 
 from __future__ import annotations
 
@@ -54,7 +55,10 @@ def test_launched_batches_keep_their_own_results() -> None:
         pending.append(pipe.launch(b))
         if len(pending) == 2:
             got.append(pipe.collect(pending.pop(0))[0])
+    launched = list(pending)
     got += [pipe.collect(p)[0] for p in pending]
+    # The stamps of the reply's worker_compute: results reach the host after the launch began.
+    assert all(0 < p.started < p.ready_at for p in launched)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         for a, b in zip(g, w, strict=True):
             assert a.dtype == b.dtype and a.shape == b.shape, i
