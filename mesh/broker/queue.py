@@ -67,6 +67,9 @@ class Request:
     queued_tokens: int = field(init=False, default=0)
     queued_sequences: int = field(init=False, default=0)
     queued_spans: int = field(init=False, default=0)
+    # Set when a batch holding it failed for its input: it is retried in batches of its own, so
+    # a bad request fails alone and never takes its batch-mates with it.
+    alone: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self.lengths = np.asarray(self.lengths, dtype=np.int32)
@@ -108,6 +111,7 @@ class FormedBatch:
     refused: list[Request] = field(default_factory=list)  # head alone over budget: TOO_LARGE
     tokens: int = 0
     sequences: int = 0
+    alone: Request | None = None  # the one request this batch holds, when it must go alone
 
 
 class _ModelQueue:
@@ -219,6 +223,13 @@ class Queue:
                 mq.lanes[request.lane].appendleft(piece)
                 self._count(mq, request, piece.end - piece.start, piece.tokens, 1)
 
+    def isolate(self, slices: list[Slice]) -> None:
+        """Requeue a batch that failed for its input at the head, each request to be retried
+        in a batch of its own: only the request that fails again alone is at fault."""
+        for piece in slices:
+            piece.request.alone = True
+        self.requeue_front(slices)
+
     def form_batch(
         self, model: str, max_batch_tokens: int, max_batch_requests: int, now: float
     ) -> FormedBatch | None:
@@ -262,6 +273,9 @@ class Queue:
             if span is None:
                 return
             request, start, end, attempt = span
+            suspect = request.alone or batch.alone is not None
+            if suspect and batch.sequences and batch.alone is not request:
+                return  # a request under suspicion shares its batch with no other
             offsets = request.offsets
             base = offsets[start]
             # The largest stop with offsets[stop] - base <= room, within the sequence cap.
@@ -277,6 +291,8 @@ class Queue:
                 stop = start + 1  # a reduced share still takes the head of an empty batch
             tokens = offsets[stop] - base
             batch.slices.append(Slice(request, start, stop, attempt + 1))
+            if request.alone:
+                batch.alone = request
             batch.tokens += tokens
             batch.sequences += stop - start
             if stop < end:

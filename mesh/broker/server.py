@@ -21,6 +21,7 @@ from mesh.broker.batches import BatchPlan, plan_batch
 from mesh.broker.inflight import InFlight, InFlightBatch
 from mesh.broker.queue import Overloaded, Queue, Request, RequestTooLarge, Slice
 from mesh.broker.registry import Registry, WorkerState
+from mesh.broker.trust import submit_problem
 from mesh.config import (
     AGING_S,
     BATCH_TIMEOUT_S,
@@ -172,46 +173,45 @@ class Broker:
             self._malformed(self.front, identity, ProtocolError(f"{type(msg).__name__} on front"))
 
     def _submit(self, identity: bytes, msg: SubmitRequest, now: float) -> None:
-        model = self.registry.resolve(msg.model)
-        error: tuple[ErrorCode, str, int | None] | None = None
-        if model is None:
-            error = (ErrorCode.MODEL_NOT_FOUND, f"model {msg.model!r} is not served", None)
-        elif self.registry.count(model) == 0:
-            error = (ErrorCode.UNAVAILABLE, f"no worker serves {model!r} now", None)
-        else:
-            info = self.registry.known_models[model]
-            longest = int(np.diff(msg.offsets).max())
-            if longest > info.max_input_tokens:
-                error = (
-                    ErrorCode.INVALID_INPUT,
-                    f"a sequence of {longest} tokens is over {info.max_input_tokens}",
-                    None,
-                )
-        if error is None:
-            deadline = now + msg.timeout_ms / 1000 if msg.timeout_ms is not None else None
-            request = Request(
-                key=(identity, msg.cid),
-                model=model,
-                lane=msg.lane,  # type: ignore[arg-type]
-                lengths=np.diff(msg.offsets),
-                deadline=deadline,
-                submitted_at=now,
-                payload=msg,
-            )
-            try:
-                self.queue.submit(request, now)
-            except Overloaded as exc:
-                retry_ms = int((exc.retry_after_s or 1.0) * 1000)
-                error = (ErrorCode.OVERLOADED, exc.message, retry_ms)
-            except RequestTooLarge as exc:
-                error = (ErrorCode.TOO_LARGE, exc.message, None)
-            except ValueError as exc:  # duplicate cid from this peer
-                error = (ErrorCode.PROTOCOL, str(exc), None)
+        error = self._admit(identity, msg, now)
         if error is not None:
             code, text, retry_ms = error
             self._send_front(identity, RequestError(msg.cid, code, text, retry_ms))
-            return
-        self._dispatch(model, now)  # type: ignore[arg-type]
+
+    def _admit(
+        self, identity: bytes, msg: SubmitRequest, now: float
+    ) -> tuple[ErrorCode, str, int | None] | None:
+        """Queue ``msg`` and dispatch, or say why it is refused (it then never enters a batch)."""
+        model = self.registry.resolve(msg.model)
+        if model is None:
+            return ErrorCode.MODEL_NOT_FOUND, f"model {msg.model!r} is not served", None
+        if self.registry.count(model) == 0:
+            return ErrorCode.UNAVAILABLE, f"no worker serves {model!r} now", None
+        lengths = np.diff(msg.offsets)  # once: the check and the queue's prefix sums share it
+        problem = submit_problem(msg, self.registry.known_models[model], lengths)
+        if problem is not None:
+            return ErrorCode.INVALID_INPUT, problem, None
+        deadline = now + msg.timeout_ms / 1000 if msg.timeout_ms is not None else None
+        request = Request(
+            key=(identity, msg.cid),
+            model=model,
+            lane=msg.lane,  # type: ignore[arg-type]
+            lengths=lengths,
+            deadline=deadline,
+            submitted_at=now,
+            payload=msg,
+        )
+        try:
+            self.queue.submit(request, now)
+        except Overloaded as exc:
+            retry_ms = int((exc.retry_after_s or 1.0) * 1000)
+            return ErrorCode.OVERLOADED, exc.message, retry_ms
+        except RequestTooLarge as exc:
+            return ErrorCode.TOO_LARGE, exc.message, None
+        except ValueError as exc:  # duplicate cid from this peer
+            return ErrorCode.PROTOCOL, str(exc), None
+        self._dispatch(model, now)
+        return None
 
     def _answer_error(self, request: Request, code: ErrorCode, text: str) -> None:
         identity, cid = request.key
@@ -318,13 +318,17 @@ class Broker:
         worker.free += 1
         if msg.retryable:
             self._requeue([batch])
+        elif len({piece.request for piece in batch.slices if piece.request.live}) > 1:
+            # Which request is at fault is unknown: each is retried alone, and only the one
+            # that fails alone gets the error (the attempt cap still bounds the retries).
+            self._requeue([batch], isolate=True)
         else:
             for piece in batch.slices:
                 if self.queue.fail_request(piece.request):
                     self._answer_error(piece.request, ErrorCode(msg.code), msg.message)
         self._dispatch(worker.model.name, now)
 
-    def _requeue(self, batches: list[InFlightBatch]) -> None:
+    def _requeue(self, batches: list[InFlightBatch], isolate: bool = False) -> None:
         slices = [piece for batch in batches for piece in batch.slices]
         requeue, give_up = self.inflight.split_retry(slices)
         for piece in give_up:
@@ -334,7 +338,10 @@ class Broker:
                     ErrorCode.WORKER_FAILED,
                     f"workers failed on this input {piece.attempt} times",
                 )
-        self.queue.requeue_front(requeue)
+        if isolate:
+            self.queue.isolate(requeue)
+        else:
+            self.queue.requeue_front(requeue)
 
     def _bury(self, identity: bytes, why: str, now: float, tell: bool = True) -> None:
         """Remove a dead or hung worker and put its batches back at the head of the queue."""

@@ -358,3 +358,25 @@ def test_a_batch_budget_of_nothing_is_a_bug_not_a_reason_to_refuse(make_request)
         with pytest.raises(ValueError):
             queue.form_batch("m", tokens, sequences, now=0.0)
     assert request.live
+
+
+def test_an_isolated_request_is_retried_in_a_batch_of_its_own(make_request):
+    queue = Queue(BIG)
+    for lengths in ([1, 1], [1], [1]):
+        queue.submit(make_request(lengths), now=0.0)
+    failed = queue.form_batch("m", 100, 10, now=0.0).slices
+    queue.submit(make_request([1]), now=0.0)
+    queue.isolate(failed)
+    cuts = [spans(queue.form_batch("m", 100, 10, now=0.0)) for _ in range(4)]
+    assert cuts == [[(1, 0, 2)], [(2, 0, 1)], [(3, 0, 1)], [(4, 0, 1)]]
+
+
+def test_an_isolated_request_waits_for_an_empty_batch_and_keeps_it_to_itself(make_request):
+    queue = Queue(BIG)
+    suspect = make_request([1, 1, 1])
+    queue.submit(suspect, now=0.0)
+    queue.isolate(queue.form_batch("m", 2, 10, now=0.0).slices)  # sequences 0..1 failed
+    queue.submit(make_request([1], lane=Lane.BATCH), now=0.0)
+    # Its requeued slice and its never-sent rest go together, and nothing else joins them.
+    assert spans(queue.form_batch("m", 100, 10, now=0.0)) == [(1, 0, 2), (1, 2, 3)]
+    assert spans(queue.form_batch("m", 100, 10, now=0.0)) == [(2, 0, 1)]

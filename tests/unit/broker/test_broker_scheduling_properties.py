@@ -132,7 +132,8 @@ class SchedulingMachine(RuleBasedStateMachine):
             assert batch.slices[0].request is aged[0], "an aged batch-lane head goes first"
             # ... but it takes at most half, so interactive work is not starved in turn.
             aged_share = max(budget // 2, int(aged[0].lengths[aged[1]]))
-            if waiting[0].live and int(waiting[0].lengths[waiting[1]]) <= budget - aged_share:
+            fits = int(waiting[0].lengths[waiting[1]]) <= budget - aged_share
+            if waiting[0].live and fits and not waiting[0].alone and batch.alone is None:
                 assert cap < 2 or any(p.request is waiting[0] for p in batch.slices)
         for lane in Lane:
             self.check_lane_took_its_owed_prefix(model, lane, batch, budget, cap)
@@ -149,7 +150,11 @@ class SchedulingMachine(RuleBasedStateMachine):
         for request, _, _ in sent:
             assert request.live and (request.deadline is None or request.deadline > self.now)
         del owed[: len(sent)]
-        if owed and batch.sequences < cap:
+        if owed and batch.alone is not None:
+            assert all(p.request is batch.alone for p in batch.slices), "isolated means alone"
+        elif owed and owed[0][0].alone:
+            assert batch.sequences > 0, "an isolated head goes in the next empty batch"
+        elif owed and batch.sequences < cap:
             # The batch is full: the lane's head is live and would not fit in what is left.
             request, i, _ = owed[0]
             assert request.deadline is None or request.deadline > self.now
@@ -195,13 +200,22 @@ class SchedulingMachine(RuleBasedStateMachine):
             ids = sorted(self.inflight._batches)
             self.retry_or_give_up([self.inflight.pop(ids[pick % len(ids)])])
 
-    def retry_or_give_up(self, lost) -> None:
+    @rule(pick=st.integers(0, 10**6))
+    def a_batch_fails_for_its_input(self, pick) -> None:
+        if len(self.inflight):
+            ids = sorted(self.inflight._batches)
+            self.retry_or_give_up([self.inflight.pop(ids[pick % len(ids)])], isolate=True)
+
+    def retry_or_give_up(self, lost, isolate: bool = False) -> None:
         requeue, give_up = self.inflight.split_retry(p for b in lost for p in b.slices)
         for piece in give_up:
             assert piece.attempt >= MAX_ATTEMPTS
             if self.queue.fail_request(piece.request):
                 self.end(piece.request, "given_up")
-        self.queue.requeue_front(requeue)
+        if isolate:
+            self.queue.isolate(requeue)
+        else:
+            self.queue.requeue_front(requeue)
         front: dict[tuple[str, Lane], list] = defaultdict(list)
         for p in requeue:
             if p.request.live:

@@ -1,0 +1,35 @@
+"""What the broker checks of what arrives on its sockets, against the served model's card.
+
+The broker's sockets are a trust boundary: an ingress may run on another host, and a submit
+that reached the queue is batched with other clients' work. So the cheap invariants a worker
+would otherwise trip on are checked here, once per submit, and a request that breaks one is
+answered alone; the worker then trusts what the broker sends it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from proto_msgs import ModelInfo, SubmitRequest
+
+
+def submit_problem(msg: SubmitRequest, info: ModelInfo, lengths: np.ndarray) -> str | None:
+    """Why ``msg`` cannot be served by ``info``'s model, said so the client can fix it; None
+    when it can. ``lengths`` is ``np.diff(msg.offsets)``, computed once by the caller.
+
+    The codec already checked the shapes (offsets rise from 0 to len(token_ids), ids >= 0).
+    """
+    dims = msg.output.dims
+    if dims is not None and dims > info.dims:
+        return f"dimensions {dims} is over the model's {info.dims}; ask for at most {info.dims}"
+    longest = int(lengths.max())
+    if longest > info.max_input_tokens:
+        return (
+            f"a sequence of {longest} tokens is over the model's limit of "
+            f"{info.max_input_tokens}; shorten or truncate it"
+        )
+    # One pass over the ids; len >= 1 because every sequence holds a token.
+    highest = int(msg.token_ids.max())
+    if highest >= info.vocab_size:
+        return f"token id {highest} is outside the vocabulary (ids must be below {info.vocab_size})"
+    return None

@@ -1,0 +1,133 @@
+"""A Broker driven without sockets: fake ROUTERs that queue what peers send and record replies."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+import zmq
+
+from mesh.broker.server import Broker, BrokerOptions
+from proto_msgs import (
+    BatchAssign,
+    BatchResult,
+    Message,
+    ModelInfo,
+    OutputOptions,
+    SubmitRequest,
+    WorkerReady,
+    decode,
+    encode,
+)
+
+MODEL = "m"
+DIMS = 8
+INGRESS = b"ingress"
+
+
+class FakeRouter:
+    """Stands in for a ROUTER: ``inbox`` is what peers sent, ``sent`` what the broker sent."""
+
+    def __init__(self) -> None:
+        self.inbox: deque[list[Any]] = deque()
+        self.sent: list[tuple[bytes, Message]] = []
+
+    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[Any]:
+        if not self.inbox:
+            raise zmq.Again()
+        return self.inbox.popleft()
+
+    def send_multipart(self, frames: list[Any], copy: bool = True) -> None:
+        identity, *rest = frames
+        self.sent.append((bytes(identity), decode([bytes(memoryview(f)) for f in rest])))
+
+    def push(self, identity: bytes, msg: Message | list[bytes]) -> None:
+        frames = msg if isinstance(msg, list) else encode(msg)
+        self.inbox.append([zmq.Frame(identity), *(zmq.Frame(bytes(f)) for f in frames)])
+
+    def take(self, kind: type | None = None) -> list[tuple[bytes, Any]]:
+        """What was sent since the last take (of ``kind`` only, when given)."""
+        taken, self.sent = self.sent, []
+        return [(i, m) for i, m in taken if kind is None or isinstance(m, kind)]
+
+
+def card(name: str = MODEL, **changes: Any) -> ModelInfo:
+    fields = dict(
+        name=name,
+        aliases=[],
+        dims=DIMS,
+        max_input_tokens=16,
+        vocab_size=100,
+        pooling="mean",
+        normalize=True,
+        tokenizer_digest="d" * 64,
+    )
+    return ModelInfo(**{**fields, **changes})
+
+
+def ready(model: ModelInfo | None = None, **changes: Any) -> WorkerReady:
+    fields = dict(
+        name="w",
+        model=model or card(),
+        tokenizer_json=b"{}",
+        max_batch_tokens=64,
+        max_batch_requests=16,
+        credits=1,
+        heartbeat_ms=100,
+        device="cpu",
+    )
+    return WorkerReady(**{**fields, **changes})
+
+
+def submit(
+    cid: int,
+    lengths: list[int],
+    *,
+    lane: int = 0,
+    dims: int | None = None,
+    token: int = 5,
+    model: str = MODEL,
+) -> SubmitRequest:
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return SubmitRequest(
+        cid=cid,
+        model=model,
+        lane=lane,
+        timeout_ms=None,
+        output=OutputOptions(dims=dims),
+        token_ids=np.full(int(offsets[-1]), token, dtype=np.int32),
+        offsets=offsets,
+    )
+
+
+def answer(batch: BatchAssign) -> BatchResult:
+    """A well-formed result for ``batch``: one row per sequence in each output group."""
+    rows = [int(np.sum(batch.output_index == g)) for g in range(len(batch.outputs))]
+    embeddings = [
+        np.ones((n, opt.dims or DIMS), dtype=np.float32)
+        for n, opt in zip(rows, batch.outputs, strict=True)
+    ]
+    return BatchResult(batch_id=batch.batch_id, compute_ms=1.0, embeddings=embeddings)
+
+
+class Harness:
+    """A Broker on fake sockets; ``pump`` runs what the loop does for the queued messages."""
+
+    def __init__(self, **options: Any) -> None:
+        self.front = FakeRouter()
+        self.back = FakeRouter()
+        self.broker = Broker(self.front, self.back, BrokerOptions(**options))  # type: ignore[arg-type]
+        self.now = 0.0
+
+    def pump(self) -> None:
+        self.broker._drain(self.back, self.broker._on_backend, self.now)
+        self.broker._drain(self.front, self.broker._on_frontend, self.now)
+
+    def add_worker(self, identity: bytes = b"w1", msg: WorkerReady | None = None) -> None:
+        self.back.push(identity, msg or ready())
+        self.pump()
+
+    def submit(self, msg: SubmitRequest) -> None:
+        self.front.push(INGRESS, msg)
+        self.pump()

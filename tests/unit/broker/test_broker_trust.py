@@ -1,0 +1,87 @@
+"""One bad request fails only itself: checked at submit, isolated after a batch error."""
+
+from __future__ import annotations
+
+import pytest
+
+from proto_msgs import BatchAssign, BatchError, ErrorCode, RequestError, RequestResult
+from tests.unit.broker.fakes import DIMS, Harness, answer, submit
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        (submit(1, [3], token=100), "vocabulary"),
+        (submit(1, [3], dims=DIMS + 1), "dimensions"),
+        (submit(1, [3, 17]), "limit of 16"),
+    ],
+)
+def test_a_submit_breaking_the_model_card_is_refused_alone_and_never_batched(bad, says):
+    h = Harness()
+    h.add_worker()
+    h.submit(bad)
+    h.submit(submit(2, [3]))
+    errors = h.front.take(RequestError)
+    assert [(m.cid, m.code) for _, m in errors] == [(1, ErrorCode.INVALID_INPUT)]
+    assert says in errors[0][1].message
+    batches = [m for _, m in h.back.take(BatchAssign)]
+    assert len(batches) == 1 and batches[0].n == 1  # only the valid request was sent
+
+
+def test_a_submit_within_the_card_is_served():
+    h = Harness()
+    h.add_worker()
+    h.submit(submit(1, [16, 1], token=99, dims=DIMS))
+    [(_, batch)] = h.back.take(BatchAssign)
+    h.back.push(b"w1", answer(batch))
+    h.pump()
+    [(_, result)] = h.front.take(RequestResult)
+    assert result.cid == 1 and list(result.indices) == [0, 1]
+
+
+def fail(h: Harness, batch: BatchAssign, retryable: bool = False) -> None:
+    h.back.push(b"w1", BatchError(batch.batch_id, ErrorCode.INVALID_INPUT, "bad input", retryable))
+    h.pump()
+
+
+def test_a_batch_error_fails_only_the_request_that_fails_alone():
+    h = Harness(max_attempts=3)
+    h.add_worker()  # one credit: the three requests queue into one batch
+    h.submit(submit(1, [2]))
+    for cid in (2, 3):
+        h.submit(submit(cid, [2]))
+    first = [m for _, m in h.back.take(BatchAssign)]
+    assert [b.n for b in first] == [1]
+    h.back.push(b"w1", answer(first[0]))
+    h.pump()
+    [(_, mixed)] = h.back.take(BatchAssign)
+    assert mixed.n == 2  # requests 2 and 3 share a batch; say 3 is bad
+    fail(h, mixed)
+    assert h.front.take(RequestError) == []
+    # Each is retried in a batch of its own.
+    [(_, alone_2)] = h.back.take(BatchAssign)
+    assert alone_2.n == 1
+    h.back.push(b"w1", answer(alone_2))
+    h.pump()
+    [(_, alone_3)] = h.back.take(BatchAssign)
+    assert alone_3.n == 1
+    fail(h, alone_3)
+    sent = h.front.take()
+    assert [(type(m), m.cid) for _, m in sent] == [(RequestResult, 2), (RequestError, 3)]
+    assert sent[1][1].code == ErrorCode.INVALID_INPUT and sent[1][1].message == "bad input"
+    assert len(h.broker.queue.requests) == 0
+
+
+def test_isolation_keeps_the_attempt_cap():
+    h = Harness(max_attempts=1)
+    h.add_worker()
+    h.submit(submit(1, [2]))
+    h.submit(submit(2, [2]))
+    h.submit(submit(3, [2]))
+    [(_, first)] = h.back.take(BatchAssign)
+    h.back.push(b"w1", answer(first))
+    h.pump()
+    [(_, mixed)] = h.back.take(BatchAssign)
+    fail(h, mixed)
+    codes = sorted((m.cid, m.code) for _, m in h.front.take(RequestError))
+    assert codes == [(2, ErrorCode.WORKER_FAILED), (3, ErrorCode.WORKER_FAILED)]
