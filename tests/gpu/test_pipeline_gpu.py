@@ -66,3 +66,10 @@ def test_launched_batches_keep_their_own_results() -> None:
                 np.testing.assert_allclose(a, b, atol=2e-3)
             else:  # quantized: equal but for rare rounding ties
                 assert (a != b).mean() < 0.01, i
+
+
+def test_the_default_gpu_budget_is_the_largest_graph_bucket() -> None:
+    engine = Engine.load(MINILM_DIR, device="cuda")
+    assert engine.runner is not None
+    assert engine.max_batch_tokens == engine.runner.buckets[-1]
+    assert engine.runner.bucket_for(engine.max_batch_tokens, 1) is not None

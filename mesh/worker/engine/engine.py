@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from mesh.config import MAX_BATCH_TOKENS_CPU, MAX_BATCH_TOKENS_GPU
 from mesh.worker.engine import fused
 from mesh.worker.engine.attention import AttentionBackend, cpu_backend
 from mesh.worker.engine.card import ModelCard, read_card
@@ -41,11 +42,27 @@ from mesh.worker.engine.pooling import pool, positions
 if TYPE_CHECKING:
     from mesh.worker.engine.gpu import GpuRunner
 
+# CUDA graphs are captured per token bucket up to this many tokens (gpu.bucket_sizes).
+GRAPH_MAX_TOKENS = MAX_BATCH_TOKENS_GPU
 # Token budget per batch that a worker advertises in READY. On CPU, past a few thousand
-# tokens throughput is flat and only latency grows; on GPU a larger batch fills the device.
-DEFAULT_MAX_BATCH_TOKENS = {"cpu": 8192, "cuda": 32768}
+# tokens throughput is flat and only latency grows; on GPU a larger batch fills the device,
+# but one over the largest graph bucket runs eagerly (slower on the H200: docs/gpu.md), so
+# the GPU default is that bucket, and default_max_batch_tokens caps it by the buckets in use.
+DEFAULT_MAX_BATCH_TOKENS = {"cpu": MAX_BATCH_TOKENS_CPU, "cuda": GRAPH_MAX_TOKENS}
 # How the non-GEMM parts of the forward run; see Engine.load.
 KERNELS = ("torch", "compile", "fused")
+
+
+def default_max_batch_tokens(device_type: str, graph_max_tokens: int = GRAPH_MAX_TOKENS) -> int:
+    """The batch budget a worker advertises when not told one: on CUDA never more than the
+    largest graph bucket, so that a full batch replays a graph instead of running eagerly."""
+    budget = DEFAULT_MAX_BATCH_TOKENS.get(device_type, MAX_BATCH_TOKENS_CPU)
+    if device_type != "cuda":
+        return budget
+    from mesh.worker.engine.gpu import bucket_sizes  # CUDA-only module: imported on demand
+
+    buckets = bucket_sizes(graph_max_tokens)
+    return min(budget, buckets[-1]) if buckets else budget
 
 
 @dataclass
@@ -75,7 +92,7 @@ class Engine:
         tune_allocator: bool = True,
         graphs: bool = True,
         compile_elementwise: bool | None = None,
-        graph_max_tokens: int = 16384,
+        graph_max_tokens: int = GRAPH_MAX_TOKENS,
         kernels: str | None = None,
         exact_gelu: bool = False,
     ) -> Engine:
@@ -122,7 +139,7 @@ class Engine:
             model.use_kernels(kernels, exact_gelu=exact_gelu)
         else:
             model.use_kernels(kernels)
-        budget = max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(device.type, 8192)
+        budget = max_batch_tokens or default_max_batch_tokens(device.type, graph_max_tokens)
         if device.type != "cuda" or attention is not None:
             backend = attention or cpu_backend()
             return cls(card, model, device, model.dtype, budget, backend, kernels=kernels)

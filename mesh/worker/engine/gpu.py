@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mesh.config import MAX_BATCH_TOKENS_GPU
 from mesh.worker.engine.card import ModelCard
 from mesh.worker.engine.flashinfer_attention import WORKSPACE_BYTES, cuda_backend
 from mesh.worker.engine.pooling import pool
@@ -147,7 +148,7 @@ class GpuRunner:
         model: torch.nn.Module,
         card: ModelCard,
         device: torch.device,
-        graph_max_tokens: int = 16384,
+        graph_max_tokens: int = MAX_BATCH_TOKENS_GPU,  # engine.GRAPH_MAX_TOKENS
         graphs: bool = True,
     ) -> None:
         self.model = model
@@ -170,7 +171,7 @@ class GpuRunner:
         self.pool = torch.cuda.graph_pool_handle()
         # One more than the worker's usual two batches in flight, so a third credit does not
         # wait here for a buffer the device has not read yet.
-        self.staging = [_Staging(16384) for _ in range(3)]
+        self.staging = [_Staging(graph_max_tokens) for _ in range(3)]
         self._turn = 0
         self._window_start = time.monotonic()
         self._captured_s = 0.0
