@@ -1,89 +1,22 @@
-"""What is out and not done yet: requests not completed, and batches handed to workers.
+"""Batches handed to workers and not answered yet.
 
-``RequestTable`` holds the live requests and counts the sequences each still owes; the queue
-ends requests through it. ``InFlight`` holds each dispatched batch from dispatch until its
-result or error pops it, which makes delivery to workers at-least-once: a second result for the
-same batch id, or one for a batch already taken back from a dead worker, finds nothing, so
-duplicates are harmless. A dead or hung worker's batches are removed in dispatch order and split
-by attempt count into work to requeue at the head of the queue and work to fail.
+``InFlight`` holds each dispatched batch, with the plan that maps its result rows back to
+requests, from dispatch until its result or error pops it. That makes delivery to workers
+at-least-once: a second result for the same batch id, or one for a batch already taken back
+from a dead worker, finds nothing, so duplicates are harmless. A dead or hung worker's batches
+are removed in dispatch order and split by attempt count into work to requeue at the head of
+the queue and work to fail.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from mesh.broker.batches import BatchPlan
+from mesh.broker.queue import Slice
 from mesh.config import MAX_ATTEMPTS
-
-if TYPE_CHECKING:  # queue.py imports this module at run time
-    from mesh.broker.queue import Request, RequestKey, Slice
-
-DEADLINE_HEAP_SLACK = 1024  # ended requests the deadline heap may hold beyond 2x the live ones
-
-
-class RequestTable:
-    """Live requests by key, and how many of each one's sequences are not completed yet.
-
-    Read it freely (``get``, ``in``, ``len``); ``add`` and ``forget`` belong to the Queue, which
-    must release a request's queued tokens when it ends.
-    """
-
-    def __init__(self) -> None:
-        self._live: dict[RequestKey, Request] = {}
-        self._deadlines: list[tuple[float, int, Request]] = []  # heap; ended entries skipped
-        self._order = itertools.count()
-
-    def __len__(self) -> int:
-        return len(self._live)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._live
-
-    def get(self, key: RequestKey) -> Request | None:
-        return self._live.get(key)
-
-    def add(self, request: Request) -> None:
-        if request.key in self._live:
-            raise ValueError(f"duplicate request key {request.key!r}")
-        request.live = True
-        request.outstanding = request.n_sequences
-        self._live[request.key] = request
-        if request.deadline is not None:
-            heapq.heappush(self._deadlines, (request.deadline, next(self._order), request))
-
-    def forget(self, request: Request) -> None:
-        request.live = False
-        del self._live[request.key]
-        if len(self._deadlines) > 2 * len(self._live) + DEADLINE_HEAP_SLACK:
-            # Most requests end long before their deadline; don't hold them (and their
-            # payloads) until it passes. Rebuilding drops at least half: O(1) amortized.
-            self._deadlines = [entry for entry in self._deadlines if entry[2].live]
-            heapq.heapify(self._deadlines)
-
-    def complete(self, request: Request, n: int) -> bool:
-        """Count ``n`` more sequences done; True (and forgotten) when it was the last of them."""
-        if not request.live:
-            return False
-        if not 0 < n <= request.outstanding:
-            raise ValueError(f"{n} sequences completed, {request.outstanding} outstanding")
-        request.outstanding -= n
-        if request.outstanding:
-            return False
-        self.forget(request)
-        return True
-
-    def past_deadline(self, now: float) -> list[Request]:
-        """Live requests whose deadline is ``<= now``, oldest deadline first (not forgotten)."""
-        due = []
-        while self._deadlines and self._deadlines[0][0] <= now:
-            request = heapq.heappop(self._deadlines)[2]
-            if request.live:
-                due.append(request)
-        return due
 
 
 @dataclass(slots=True)
@@ -95,6 +28,9 @@ class InFlightBatch:
     slices: list[Slice]  # each slice's attempt counts this dispatch
     dispatched_at: float
     deadline: float  # absolute: not back by then means the worker is hung
+    # The message sent and where each slice's rows land in the result; set by the broker
+    # once the batch id exists. It lives here so a batch has one entry, popped once.
+    plan: BatchPlan | None = None
 
     @property
     def attempt(self) -> int:

@@ -16,20 +16,15 @@ reach the head. The caller answers the client once for each ending this module r
 
 from __future__ import annotations
 
-import itertools
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import numpy as np
-
 from mesh import errors
-from mesh.broker.inflight import RequestTable
+from mesh.broker.requests import Request, RequestKey, RequestTable
 from mesh.config import AGING_S
 from proto_msgs import Lane
-
-RequestKey = tuple[bytes, int]  # (ingress peer identity, correlation id)
 
 RATE_WINDOW_S = 1.0  # period over which the drain rate behind Retry-After is measured; 0.5..5
 RETRY_AFTER_DEFAULT_S = 1.0  # Retry-After before any batch of the model was formed
@@ -46,47 +41,6 @@ class Overloaded(errors.Overloaded):
 
 class RequestTooLarge(errors.TooLarge):
     """The request alone holds more tokens than a model may queue: no retry can admit it."""
-
-
-@dataclass(eq=False, slots=True)
-class Request:
-    """One client request of ``len(lengths)`` sequences; ``payload`` is opaque to the queue."""
-
-    key: RequestKey
-    model: str
-    lane: Lane
-    lengths: np.ndarray  # int32 tokens per sequence, each >= 1
-    deadline: float | None  # absolute, on the clock of ``now``
-    submitted_at: float
-    payload: object = None
-    # Bookkeeping owned by Queue and its RequestTable, never set by the caller. The prefix sums are a
-    # Python list because ``bisect`` on it costs a tenth of ``np.searchsorted`` on tiny spans.
-    offsets: list[int] = field(init=False, repr=False)  # offsets[i] = sum(lengths[:i])
-    live: bool = field(init=False, default=False)
-    outstanding: int = field(init=False, default=0)  # sequences not completed yet
-    queued_tokens: int = field(init=False, default=0)
-    queued_sequences: int = field(init=False, default=0)
-    queued_spans: int = field(init=False, default=0)
-    # Set when a batch holding it failed for its input: it is retried in batches of its own, so
-    # a bad request fails alone and never takes its batch-mates with it.
-    alone: bool = field(init=False, default=False)
-
-    def __post_init__(self) -> None:
-        self.lengths = np.asarray(self.lengths, dtype=np.int32)
-        # Plain Python from here: numpy's per-call cost dominates for the usual short request.
-        values = self.lengths.tolist()
-        if self.lengths.ndim != 1 or not values or min(values) < 1:
-            raise ValueError("a request needs at least one sequence, each of >= 1 token")
-        self.lane = Lane(self.lane)
-        self.offsets = list(itertools.accumulate(values, initial=0))
-
-    @property
-    def n_sequences(self) -> int:
-        return len(self.offsets) - 1
-
-    @property
-    def total_tokens(self) -> int:
-        return self.offsets[-1]
 
 
 class Slice(NamedTuple):

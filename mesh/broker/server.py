@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from mesh.broker.batches import BatchPlan, plan_batch
+from mesh.broker.batches import plan_batch
 from mesh.broker.inflight import InFlight, InFlightBatch
 from mesh.broker.queue import Overloaded, Queue, Request, RequestTooLarge, Slice
 from mesh.broker.registry import Registry, WorkerState
@@ -74,7 +74,6 @@ class Broker:
         self.opts = options
         self.queue = Queue(options.max_queued_tokens, options.aging_s)
         self.inflight = InFlight(options.max_attempts)
-        self.plans: dict[int, BatchPlan] = {}
         self.registry = Registry()
         self.dropped = 0
         self._warned_peers: set[bytes] = set()
@@ -244,10 +243,11 @@ class Broker:
 
     def _send_batch(self, worker: WorkerState, slices: list[Slice], now: float) -> None:
         batch = self.inflight.add(worker.identity, slices, now, now + self.opts.batch_timeout_s)
-        plan = plan_batch(batch.batch_id, worker.model.name, slices, self.opts.batch_timeout_s)
-        self.plans[batch.batch_id] = plan
+        batch.plan = plan_batch(
+            batch.batch_id, worker.model.name, slices, self.opts.batch_timeout_s
+        )
         worker.free -= 1
-        self.back.send_multipart([worker.identity, *encode(plan.message)], copy=False)
+        self.back.send_multipart([worker.identity, *encode(batch.plan.message)], copy=False)
 
     # ---- backend ------------------------------------------------------------------------------
 
@@ -287,12 +287,11 @@ class Broker:
 
     def _on_result(self, worker: WorkerState, msg: BatchResult, now: float) -> None:
         batch = self.inflight.pop(msg.batch_id, worker.identity)
-        plan = self.plans.pop(msg.batch_id, None)
-        if batch is None or plan is None:
+        if batch is None or batch.plan is None:
             return  # a duplicate, or a batch already taken back: harmless
         worker.free += 1
         try:
-            chunks = plan.split(msg.embeddings)
+            chunks = batch.plan.split(msg.embeddings)
         except ValueError as exc:
             log.error("worker %s sent a malformed result: %s", worker.name, exc)
             self._requeue([batch])
@@ -312,7 +311,6 @@ class Broker:
 
     def _on_batch_error(self, worker: WorkerState, msg: BatchError, now: float) -> None:
         batch = self.inflight.pop(msg.batch_id, worker.identity)
-        self.plans.pop(msg.batch_id, None)
         if batch is None:
             return
         worker.free += 1
@@ -349,8 +347,6 @@ class Broker:
         if worker is None:
             return
         batches = self.inflight.remove_worker(identity)
-        for batch in batches:
-            self.plans.pop(batch.batch_id, None)
         log.warning("worker %s removed (%s); requeueing %d batches", worker.name, why, len(batches))
         if tell:
             self._send_back(identity, Disconnect(reason=why))
