@@ -1,4 +1,4 @@
-"""Prometheus metrics of one ingress, in a registry of its own (``GET /metrics``).
+"""Prometheus metrics of the ingress (``GET /metrics``): one registry, however many processes.
 
 Request-side series are counted as requests pass; broker-side series (queue depth, queued
 tokens, workers per model, liveness) are read at scrape time from the Pong stats the client
@@ -7,26 +7,55 @@ keeps for each broker, so a scrape always shows the latest heartbeat's view.
 Results carry how long their sequences waited in the broker's queue and the compute time of the
 batches that carried them: ``queue_duration`` and ``inference_duration``, beside
 ``mesh_duration`` (submit to last result, as the ingress sees it), all split by lane.
+
+**Several ingress processes** (``mesh-launch --ingress-procs N``) share one port through
+SO_REUSEPORT, so a scrape reaches one of them at random. With a registry per process every
+counter would jump between scrapes (each process's own count), which ``rate()`` reads as
+resets. So the processes share one registry: prometheus_client's multiprocess mode. The parent
+makes a private directory before it spawns them and hands it down as ``PROMETHEUS_MULTIPROC_DIR``;
+each process writes its counters and histograms to its own mmap files there, and any process's
+``/metrics`` merges every file (``MultiProcessCollector``): the sum over all the processes that
+have served since start, exited ones included, so counters never go backwards when one exits.
+Chosen over a ``pid`` label per process because a scrape that reaches one process would see
+only that process's series, and the series would multiply with N and with every restart.
+
+Broker gauges describe the broker, the same whichever process reads them; the answering process
+reports its own links' view (as ``/health`` does). The one gauge that belongs to each process,
+``embedmesh_broker_outstanding_tokens``, is a ``livesum`` gauge: each process refreshes its
+share every second and on a scrape, and the parent calls ``mark_process_dead`` when a child
+exits so that a dead process's share leaves the sum. Without ``PROMETHEUS_MULTIPROC_DIR`` (one
+process) the registry lives in memory, as it always did.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from mesh.client import MeshClient
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# prometheus_client picks its value store when it is imported: files under this directory when
+# the variable is set (several processes), memory otherwise. Set by the parent, never changed.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
 
 
+def multiprocess_dir() -> str | None:
+    """The directory the ingress processes share their series in; None for one process."""
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
 class IngressMetrics:
     def __init__(self, client: MeshClient | None = None) -> None:
+        self.client = client
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.requests = Counter(
@@ -66,15 +95,32 @@ class IngressMetrics:
             "Worker compute time of the batches that carried a request.",
             ["model", "lane"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
+        self.outstanding = Gauge(
+            "embedmesh_broker_outstanding_tokens",
+            "Tokens the ingress processes have submitted to the broker and not had back.",
+            ["broker"], multiprocess_mode="livesum", registry=r,
+        )  # fmt: skip
+        # What a scrape reads: this registry alone, or every process's files merged.
+        self.exposed = r
+        if (path := multiprocess_dir()) is not None:
+            self.exposed = CollectorRegistry(auto_describe=False)
+            MultiProcessCollector(self.exposed, path)
         if client is not None:
-            r.register(BrokerCollector(client))
+            self.exposed.register(BrokerCollector(client))
+
+    def publish(self) -> None:
+        """Write this process's outstanding tokens per broker (its share of the sum)."""
+        if self.client is not None:
+            for broker in self.client.brokers:
+                self.outstanding.labels(broker.endpoint).set(broker.outstanding_tokens)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        self.publish()
+        return generate_latest(self.exposed)
 
 
 class BrokerCollector(Collector):
-    """Gauges from each broker's latest Pong stats."""
+    """Gauges from each broker's latest Pong stats, as this process's links see them."""
 
     def __init__(self, client: MeshClient) -> None:
         self.client = client
@@ -86,10 +132,6 @@ class BrokerCollector(Collector):
         up = GaugeMetricFamily(
             "embedmesh_broker_up", "1 when the broker answers.", labels=["broker"]
         )
-        outstanding = GaugeMetricFamily(
-            "embedmesh_broker_outstanding_tokens",
-            "Tokens this ingress has submitted to the broker and not had back.", labels=["broker"],
-        )  # fmt: skip
         inflight = GaugeMetricFamily(
             "embedmesh_broker_inflight_batches", "Batches dispatched to workers, not returned.",
             labels=["broker"],
@@ -114,7 +156,6 @@ class BrokerCollector(Collector):
         for broker in self.client.brokers:
             ep = broker.endpoint
             up.add_metric([ep], 1.0 if broker.alive else 0.0)
-            outstanding.add_metric([ep], broker.outstanding_tokens)
             stats = broker.stats
             if not broker.alive or stats is None:
                 continue
@@ -123,4 +164,4 @@ class BrokerCollector(Collector):
             for attr, family in per_model.items():
                 for model, value in getattr(stats, attr).items():
                     family.add_metric([ep, model], value)
-        yield from (up, outstanding, inflight, dropped, *per_model.values())
+        yield from (up, inflight, dropped, *per_model.values())
