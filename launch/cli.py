@@ -141,7 +141,31 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
 # ingress
 @click.option("--http-host", default="127.0.0.1", help="[ingress, all] HTTP address to listen on.")
 @click.option("--http-port", type=int, default=8000, help="[ingress, all] HTTP port.")
-@click.option("--api-key", help="[ingress, all] Require 'Authorization: Bearer KEY' on /v1/*.")
+@click.option(
+    "--api-key",
+    help="[ingress, all] Require 'Authorization: Bearer KEY' on /v1/*. Prefer EMBEDMESH_API_KEY "
+    "or --api-key-file: any user can read a command line (ps); children get it by environment.",
+)
+@click.option(
+    "--api-key-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="[ingress, all] Read the API key from the first line of this file instead.",
+)
+@click.option(
+    "--ingress-procs",
+    type=click.IntRange(min=1),
+    show_default="half the cores, at least 1",
+    help="[ingress, all] Ingress processes serving the one HTTP port (SO_REUSEPORT: the kernel "
+    "spreads connections between them), each with its own links to the broker(s); /metrics "
+    "sums all of them. Tokenizing and encoding scale with processes.",
+)
+@click.option(
+    "--reuse-port",
+    is_flag=True,
+    hidden=True,
+    help="[ingress] Bind the HTTP port with SO_REUSEPORT (set on the children of "
+    "--ingress-procs, which share it).",
+)
 @click.option(
     "--auto-truncate",
     is_flag=True,
@@ -248,7 +272,9 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
         elif role == "ingress":
             from launch.ingress_role import run_ingress_role
 
-            run_ingress_role(opts, liveness, security)
+            code = run_ingress_role(opts, liveness, security)
+            if code:
+                sys.exit(code)
         else:
             from launch.supervisor import run_all
 

@@ -1,18 +1,51 @@
-"""``mesh-launch --role ingress``: the REST bridge process, on uvloop."""
+"""``mesh-launch --role ingress``: the REST bridge process, on uvloop.
+
+With ``--ingress-procs N`` (N > 1) this process only spawns and watches N ingress children
+(``launch.supervisor.run_ingress_group``) that share the HTTP port through SO_REUSEPORT.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+from pathlib import Path
 
-import uvloop
+import click
 
 from launch.roles import Security, client_connector
 from mesh.config import Liveness
 from mesh.ingress.config import IngressConfig
-from mesh.ingress.server import serve
 
 DEFAULT_BROKER = "tcp://127.0.0.1:5555"
+
+
+def default_ingress_procs() -> int:
+    """Half the cores this process may run on, at least 1: tokenizing and encoding scale with
+    processes, and the other half is left to the broker, workers and the kernel's network work
+    (a 2-core host keeps its one ingress)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // 2)
+
+
+def ingress_procs(opts: dict) -> int:
+    """How many ingress processes serve the port: ``--ingress-procs``, else the default."""
+    given = opts.get("ingress_procs")
+    return int(given) if given is not None else default_ingress_procs()
+
+
+def api_key(opts: dict) -> str | None:
+    """The API key: ``--api-key`` (or EMBEDMESH_API_KEY), else the first line of
+    ``--api-key-file``; both at once is a usage error (which one would win is not obvious)."""
+    key, path = opts.get("api_key") or None, opts.get("api_key_file")
+    if path is None:
+        return key
+    if key is not None:
+        raise click.UsageError("give --api-key or --api-key-file, not both")
+    lines = Path(path).read_text().splitlines()
+    if not lines or not lines[0].strip():
+        raise click.BadParameter(f"{path} is empty", param_hint="--api-key-file")
+    return lines[0].strip()
 
 
 def ingress_config(opts: dict, liveness: Liveness) -> IngressConfig:
@@ -21,18 +54,30 @@ def ingress_config(opts: dict, liveness: Liveness) -> IngressConfig:
         brokers=list(opts.get("broker_endpoints") or ()) or [DEFAULT_BROKER],
         http_host=str(opts["http_host"]),
         http_port=int(opts["http_port"]),
-        api_key=opts.get("api_key") or None,
+        api_key=api_key(opts),
         auto_truncate=bool(opts.get("auto_truncate")),
         max_body_bytes=int(opts["max_body_bytes"]),
         max_inputs=int(opts["max_inputs"]),
         tokenizer_threads=int(opts["tokenizer_threads"]),
         request_timeout_s=float(opts["request_timeout"]),
         liveness=liveness,
+        reuse_port=bool(opts.get("reuse_port")),
     )
 
 
-def run_ingress_role(opts: dict, liveness: Liveness, security: Security) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+def run_ingress_role(opts: dict, liveness: Liveness, security: Security) -> int:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully; with several processes, run
+    them as children instead. Returns the exit status."""
+    if ingress_procs(opts) > 1:
+        from launch.supervisor import run_ingress_group
+
+        return run_ingress_group(opts)
+    # Imported here: the parent of several ingresses (and the --role all supervisor, which
+    # sizes them with this module) never serves, so it skips aiohttp, numpy and the client.
+    import uvloop
+
+    from mesh.ingress.server import serve
+
     cfg = ingress_config(opts, liveness)
     connect = client_connector(security, "ingress")
 
@@ -44,3 +89,4 @@ def run_ingress_role(opts: dict, liveness: Liveness, security: Security) -> None
         await serve(cfg, stop, connect)
 
     uvloop.run(main())
+    return 0

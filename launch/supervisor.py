@@ -1,14 +1,24 @@
 """``mesh-launch --role all``: one whole mesh on this host, each role in its own process.
 
-The supervisor starts a broker, ``--workers`` workers and one ingress as children
-(``python -m launch.cli --role ...``), joined by ``ipc://`` endpoints in a private temp dir
-(loopback TCP where ipc is missing). It waits until ``GET /health`` answers 200 and
-``GET /v1/models`` counts every worker, prints one line with the URL on stdout, then watches:
+The supervisor starts a broker, ``--workers`` workers and ``--ingress-procs`` ingresses as
+children (``python -m launch.cli --role ...``), joined by ``ipc://`` endpoints in a private temp
+dir (loopback TCP where ipc is missing). It waits until ``GET /health`` answers 200, every
+ingress process has answered it, and ``GET /v1/models`` counts every worker, prints one line
+with the URL on stdout, then watches:
 
-- SIGINT / SIGTERM: stop the children (ingress, then workers, then broker; SIGTERM, then
+- SIGINT / SIGTERM: stop the children (ingresses, then workers, then broker; SIGTERM, then
   SIGKILL after a grace) and exit 0;
 - a child that exits on its own, during start-up or later: name it, print the tail of its
   output, stop the rest and exit 1.
+
+``mesh-launch --role ingress --ingress-procs N`` (N > 1) runs the same way over N ingress
+children only (``run_ingress_group``): one spawner, one watcher, one shutdown for both.
+
+Several ingress processes share the HTTP port through SO_REUSEPORT and one metrics registry
+through prometheus_client's multiprocess mode: a private directory in our temp dir, handed to
+them as ``PROMETHEUS_MULTIPROC_DIR`` and removed with it (see ``mesh/ingress/metrics.py``).
+Secrets never travel in argv (any user can read a command line): the API key reaches the
+ingress children through their environment, and no other child gets it.
 
 Children's output is forwarded to our stderr, each line prefixed with the child's name, and
 its last lines are kept for those messages. Children run in their own session (a terminal's
@@ -31,17 +41,24 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import zmq
 
+from launch.ingress_role import DEFAULT_BROKER, api_key, ingress_procs
+
 START_TIMEOUT_S = 120.0  # model load on a slow CPU plus imports; a GPU start is faster
 STOP_GRACE_S = 5.0  # per stage (ingress, workers, broker) before SIGKILL
 POLL_S = 0.2
 TAIL_LINES = 12  # lines of a failed child's output shown to the user
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+API_KEY_ENV = "EMBEDMESH_API_KEY"
+# Never inherited: only ingress children get the key, resolved (a file read once, here).
+SECRET_ENV = (API_KEY_ENV, "EMBEDMESH_API_KEY_FILE")
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # mesh.ingress.metrics.MULTIPROC_ENV
 
 
 @dataclass
@@ -68,24 +85,19 @@ class RoleFailed(Exception):
 
 def run_all(opts: dict[str, Any]) -> int:
     """Run a whole mesh until a signal (exit 0) or a role's failure (exit 1)."""
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = _stop_on_signals()
     tmp = Path(tempfile.mkdtemp(prefix="embedmesh-"))
     children: list[Child] = []
     try:
+        check_port_free(str(opts["http_host"]), int(opts["http_port"]))
         frontend, backend = _endpoints(tmp)
-        children = _spawn_all(opts, frontend, backend)
+        metrics_dir = _metrics_dir(tmp, opts)
+        commands = role_commands(opts, frontend, backend)
+        children = spawn(commands, lambda name: child_env(opts, name, metrics_dir))
         url, model = asyncio.run(_wait_ready(opts, children, stop))
         if not stop.is_set():
-            workers = int(opts["workers"])
-            plural = "" if workers == 1 else "s"
-            print(
-                f"embedmesh serving {model} at {url} ({workers} worker{plural}, {_device(opts)})",
-                flush=True,
-            )
-        while not stop.wait(POLL_S):
-            _check_alive(children, "while serving")
+            print(f"embedmesh serving {model} at {url} ({_sizes(opts)})", flush=True)
+        _watch(children, stop)
         return 0
     except RoleFailed as exc:
         print(f"embedmesh: {exc}", file=sys.stderr, flush=True)
@@ -93,6 +105,55 @@ def run_all(opts: dict[str, Any]) -> int:
     finally:
         _stop_all(children)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_ingress_group(opts: dict[str, Any]) -> int:
+    """``--role ingress --ingress-procs N``: N ingress children on one port until a signal
+    (forwarded to them; exit 0) or a child's failure (exit 1)."""
+    stop = _stop_on_signals()
+    tmp = Path(tempfile.mkdtemp(prefix="embedmesh-ingress-"))
+    children: list[Child] = []
+    # Key paths travel by environment too; the children link to the brokers as we would.
+    extra = {"EMBEDMESH_CURVE_DIR": str(opts["curve_dir"])} if opts.get("curve_dir") else {}
+    try:
+        check_port_free(str(opts["http_host"]), int(opts["http_port"]))
+        metrics_dir = _metrics_dir(tmp, opts)
+        brokers = list(opts.get("broker_endpoints") or ()) or [DEFAULT_BROKER]
+        commands = {
+            name: [*args, *_common(opts)] for name, args in ingress_commands(opts, brokers).items()
+        }
+        children = spawn(commands, lambda name: {**child_env(opts, name, metrics_dir), **extra})
+        _watch(children, stop)
+        return 0
+    except RoleFailed as exc:
+        print(f"embedmesh: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        _stop_all(children)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event that SIGINT and SIGTERM set; the shutdown then signals every child."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _watch(children: list[Child], stop: threading.Event) -> None:
+    """Until ``stop``: a child that exits on its own is a failure."""
+    while not stop.wait(POLL_S):
+        _check_alive(children, "while serving")
+
+
+def _sizes(opts: dict[str, Any]) -> str:
+    """'1 worker, cpu', or with several ingress processes '2 workers, 4 ingress processes, cpu'."""
+    workers, procs = int(opts["workers"]), ingress_procs(opts)
+    parts = [f"{workers} worker{'' if workers == 1 else 's'}"]
+    if procs > 1:
+        parts.append(f"{procs} ingress processes")
+    return ", ".join([*parts, _device(opts)])
 
 
 # ---- building the children ------------------------------------------------------------------
@@ -108,6 +169,54 @@ def _endpoints(tmp: Path) -> tuple[str, str]:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
     return f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}"
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a busy HTTP port before starting anything. Ingress processes bound with
+    SO_REUSEPORT would otherwise join whatever already listens there (another mesh of the same
+    user) and split its traffic instead of failing; a lone ingress would fail only after the
+    rest of the mesh came up. A probe without SO_REUSEPORT fails on any listener."""
+    try:
+        addresses = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        raise RoleFailed(f"cannot serve HTTP on {host}:{port}: {exc}") from None
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            # As the server binds: TIME_WAIT connections of an earlier run do not count.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise RoleFailed(
+                    f"cannot serve HTTP on {host}:{port}: {exc.strerror or exc} "
+                    "(is another server using the port? choose one with --http-port)"
+                ) from None
+
+
+def _metrics_dir(tmp: Path, opts: dict[str, Any]) -> Path | None:
+    """The metrics directory the ingress processes share, when there are several."""
+    if ingress_procs(opts) == 1:
+        return None
+    path = tmp / "metrics"
+    path.mkdir(mode=0o700)
+    return path
+
+
+def child_env(opts: dict[str, Any], name: str, metrics_dir: Path | None) -> dict[str, str]:
+    """A child's environment: ours, unbuffered; the API key for ingress children only, in
+    EMBEDMESH_API_KEY (their click reads it), never in argv."""
+    env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+    env["PYTHONUNBUFFERED"] = "1"
+    if name.startswith("ingress"):
+        if (key := api_key(opts)) is not None:
+            env[API_KEY_ENV] = key
+        if metrics_dir is not None:
+            env[MULTIPROC_ENV] = str(metrics_dir)
+    return env
 
 
 def _flags(opts: dict[str, Any], *names: str) -> list[str]:
@@ -181,24 +290,37 @@ def role_commands(opts: dict[str, Any], frontend: str, backend: str) -> dict[str
             ),
             *(["--threads", str(threads)] if threads is not None else []),
         ]
-    commands["ingress"] = [
+    commands.update(ingress_commands(opts, [frontend]))
+    return {name: [*args, *_common(opts)] for name, args in commands.items()}
+
+
+def ingress_commands(opts: dict[str, Any], brokers: list[str]) -> dict[str, list[str]]:
+    """The ``launch.cli`` arguments of each ingress child: ``ingress`` alone, or ``ingress-0``
+    ... sharing the port. The API key is not among them (see ``child_env``)."""
+    procs = ingress_procs(opts)
+    args = [
         "--role",
         "ingress",
-        "--broker",
-        frontend,
+        *[arg for broker in brokers for arg in ("--broker", broker)],
+        # Explicit, so that an inherited EMBEDMESH_INGRESS_PROCS cannot make a child a parent.
+        "--ingress-procs",
+        "1",
+        *(["--reuse-port"] if procs > 1 else []),
         *_flags(
             opts,
             "http_host",
             "http_port",
-            "api_key",
             "auto_truncate",
             "max_body_bytes",
             "max_inputs",
             "tokenizer_threads",
             "request_timeout",
+            "insecure",
         ),
     ]
-    return {name: [*args, *_common(opts)] for name, args in commands.items()}
+    if procs == 1:
+        return {"ingress": args}
+    return {f"ingress-{i}": list(args) for i in range(procs)}
 
 
 def _load_libc() -> ctypes.CDLL | None:
@@ -220,18 +342,19 @@ def die_with_parent() -> None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _spawn_all(opts: dict[str, Any], frontend: str, backend: str) -> list[Child]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def spawn(commands: dict[str, list[str]], env_for: Callable[[str], dict[str, str]]) -> list[Child]:
+    """Start one ``launch.cli`` child per command (name → arguments), each with the
+    environment ``env_for(name)``; the one place that starts role processes."""
     children = []
     # Every child is forked before any pump thread exists: fork and preexec_fn are only
     # safe in a single-threaded parent. Pipes buffer what they print meanwhile.
-    for name, args in role_commands(opts, frontend, backend).items():
+    for name, args in commands.items():
         proc = subprocess.Popen(
             [sys.executable, "-m", "launch.cli", *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=env_for(name),
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
@@ -291,22 +414,32 @@ def _probe_host(host: str) -> str:
 async def _wait_ready(
     opts: dict[str, Any], children: list[Child], stop: threading.Event
 ) -> tuple[str, str]:
-    """Until /health is 200 and /v1/models counts every worker; returns (URL of /v1, the
-    served model names)."""
+    """Until /health is 200, every ingress process has answered it and /v1/models counts every
+    worker; returns (URL of /v1, the served model names)."""
     import aiohttp
 
     base = f"http://{_probe_host(str(opts['http_host']))}:{opts['http_port']}"
-    headers = {"Authorization": f"Bearer {opts['api_key']}"} if opts.get("api_key") else {}
-    want = int(opts["workers"])
-    health, models = "no answer yet", []
+    key = api_key(opts)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    want, procs = int(opts["workers"]), ingress_procs(opts)
+    health, models, pids = "no answer yet", [], set()
     deadline = time.monotonic() + START_TIMEOUT_S
+    # A fresh connection per probe: the kernel picks the ingress process per connection, so a
+    # round of 2N probes meets every listening one with high odds.
     async with aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(total=2), headers=headers
+        timeout=aiohttp.ClientTimeout(total=2),
+        headers=headers,
+        connector=aiohttp.TCPConnector(force_close=True),
     ) as http:
         while not stop.is_set():
             _check_alive(children, "during start-up")
-            health = await _get_status(http, f"{base}/health")
-            if health == "200":
+            probes = 1 if procs == 1 else 2 * procs
+            answers = await asyncio.gather(*(_health(http, base) for _ in range(probes)))
+            pids.update(pid for _, pid in answers if pid is not None)
+            health = "200" if any(s == "200" for s, _ in answers) else answers[0][0]
+            # Each ingress answers with its pid once it listens; one green answer is not the
+            # whole tier.
+            if health == "200" and (procs == 1 or len(pids) >= procs):
                 models = await _models(http, base)
                 # /health is green with the first worker; wait for all, so that the line we
                 # print (and a benchmark started on it) means the whole mesh.
@@ -316,21 +449,25 @@ async def _wait_ready(
                 registered = sum(int(m.get("workers", 0)) for m in models)
                 raise RoleFailed(
                     f"the mesh was not ready within {START_TIMEOUT_S:.0f}s (GET /health: "
-                    f"{health}; workers serving: {registered} of {want}).\n"
+                    f"{health}; ingress processes answering: {len(pids)} of {procs}; workers "
+                    f"serving: {registered} of {want}).\n"
                     + "\n".join(f"{c.name}:\n{c.tail_text(8)}" for c in children)
                 )
             await asyncio.sleep(POLL_S)
     return f"{base}/v1", ""
 
 
-async def _get_status(http: Any, url: str) -> str:
+async def _health(http: Any, base: str) -> tuple[str, int | None]:
+    """GET /health: (the status, or the failure's name; the answering process's pid)."""
     import aiohttp
 
     try:
-        async with http.get(url) as resp:
-            return str(resp.status)
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        return type(exc).__name__
+        async with http.get(f"{base}/health") as resp:
+            body = await resp.json(content_type=None)
+            pid = body.get("pid") if isinstance(body, dict) else None
+            return str(resp.status), pid if isinstance(pid, int) else None
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+        return type(exc).__name__, None
 
 
 async def _models(http: Any, base: str) -> list[dict[str, Any]]:
@@ -357,7 +494,7 @@ def _model_names(models: list[dict[str, Any]], opts: dict[str, Any]) -> str:
 def _stop_all(children: list[Child]) -> None:
     """Ingress first (no new requests), then workers, then the broker; SIGKILL after a grace."""
     stages = [
-        [c for c in children if c.name == "ingress"],
+        [c for c in children if c.name.startswith("ingress")],
         [c for c in children if c.name.startswith("worker")],
         [c for c in children if c.name == "broker"],
     ]

@@ -22,3 +22,6 @@ class IngressConfig:
     tokenizer_threads: int = 4
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     liveness: Liveness = field(default_factory=Liveness)
+    # Bind with SO_REUSEPORT: one of --ingress-procs N processes sharing the port. Off for a
+    # lone ingress, so that a second server on a busy port fails instead of sharing it.
+    reuse_port: bool = False

@@ -4,102 +4,36 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-START_S = 150  # the supervisor's own start-up timeout is 120 s
+from tests.integration.launched import (
+    START_S,
+    Launched,
+    alive,
+    cmdline,
+    descendants,
+    free_port,
+    start,
+)
+
 LINE = re.compile(
     r"^embedmesh serving all-MiniLM-L6-v2 at (http://127\.0\.0\.1:\d+/v1) \(1 worker, cpu\)$"
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch_command() -> list[str]:
-    script = Path(sys.executable).with_name("mesh-launch")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "launch.cli"]
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every live process below ``pid``, from /proc (no psutil)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier}
-        found |= frontier
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-@dataclass
-class Launched:
-    proc: subprocess.Popen[str]
-    lines: queue.Queue[str]
-    stderr: Path
-
-    def first_line(self, timeout_s: float) -> str:
-        try:
-            return self.lines.get(timeout=timeout_s)
-        except queue.Empty:
-            pytest.fail(f"no line on stdout in {timeout_s}s\n{self.stderr.read_text()[-4000:]}")
-
-
-def _start(tmp_path: Path, *args: str) -> Launched:
-    stderr = tmp_path / "supervisor.err"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    with stderr.open("w") as err:
-        proc = subprocess.Popen(
-            [*_launch_command(), "--role", "all", *args],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env=env,
-        )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(
-        target=lambda: [lines.put(line.rstrip("\n")) for line in proc.stdout], daemon=True
-    ).start()
-    return Launched(proc, lines, stderr)
-
-
 @pytest.fixture
 def launched(tmp_path: Path) -> Iterator[Launched]:
-    run = _start(tmp_path, "--http-port", str(_free_port()))
+    run = start(tmp_path, "--http-port", str(free_port()))
     yield run
-    if run.proc.poll() is None:
-        run.proc.kill()
-        run.proc.wait()
+    run.kill()
 
 
 def _post_json(url: str, body: dict) -> dict:
@@ -128,18 +62,18 @@ def test_role_all_prints_its_url_serves_embeddings_and_stops_cleanly_on_sigterm(
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
     assert body["usage"]["prompt_tokens"] > len(texts)
 
-    children = _descendants(launched.proc.pid)
+    children = descendants(launched.proc.pid)
     assert len(children) >= 3, "broker, worker and ingress should be running"
     launched.proc.send_signal(signal.SIGTERM)
     assert launched.proc.wait(timeout=30) == 0, launched.stderr.read_text()[-4000:]
     deadline = time.monotonic() + 5
-    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in children if _alive(pid)], "children outlived the supervisor"
+    assert not [pid for pid in children if alive(pid)], "children outlived the supervisor"
 
 
 def test_the_url_line_waits_for_every_worker(tmp_path: Path) -> None:
-    run = _start(tmp_path, "--workers", "2", "--threads", "1", "--http-port", str(_free_port()))
+    run = start(tmp_path, "--workers", "2", "--threads", "1", "--http-port", str(free_port()))
     try:
         line = run.first_line(START_S)
         assert line.endswith("(2 workers, cpu)"), line
@@ -155,28 +89,21 @@ def test_the_url_line_waits_for_every_worker(tmp_path: Path) -> None:
             run.proc.wait()
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
 def test_a_worker_killed_while_serving_stops_the_mesh_with_a_message_naming_it(
     launched: Launched,
 ) -> None:
     LINE.match(launched.first_line(START_S)) or pytest.fail("no URL line")
-    children = _descendants(launched.proc.pid)
-    workers = [pid for pid in children if "--role worker" in _cmdline(pid)]
+    children = descendants(launched.proc.pid)
+    workers = [pid for pid in children if "--role worker" in cmdline(pid)]
     assert len(workers) == 1
     os.kill(workers[0], signal.SIGKILL)
     assert launched.proc.wait(timeout=30) == 1
     err = launched.stderr.read_text()
     assert "embedmesh: the worker-0 process was killed by SIGKILL while serving" in err, err[-3000:]
     deadline = time.monotonic() + 5
-    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in children if _alive(pid)]
+    assert not [pid for pid in children if alive(pid)]
 
 
 def test_role_all_with_a_model_dir_without_a_model_exits_non_zero_naming_the_worker(
@@ -184,7 +111,7 @@ def test_role_all_with_a_model_dir_without_a_model_exits_non_zero_naming_the_wor
 ) -> None:
     empty = tmp_path / "not-a-model"
     empty.mkdir()
-    run = _start(tmp_path, "--model", str(empty), "--http-port", str(_free_port()))
+    run = start(tmp_path, "--model", str(empty), "--http-port", str(free_port()))
     try:
         code = run.proc.wait(timeout=START_S)
     finally:
@@ -220,6 +147,8 @@ def test_role_commands_pass_options_to_the_role_that_uses_them() -> None:
             warmup_buckets="16,64",
             no_compile=True,
             kernels="fused",
+            ingress_procs=1,
+            api_key="k",
         ),
         "ipc:///t/front",
         "ipc:///t/back",
@@ -243,6 +172,8 @@ def test_role_commands_pass_options_to_the_role_that_uses_them() -> None:
     assert ingress[ingress.index("--http-port") + 1] == "9000"
     assert ingress[ingress.index("--broker") + 1] == "ipc:///t/front"
     assert all("--log-level" in c for c in cmds.values())
+    assert "--reuse-port" not in ingress, "a lone ingress fails on a busy port instead of sharing"
+    assert not any("k" in c for c in cmds.values()), "the API key travels by environment"
 
 
 def test_worker_threads_split_the_cores_between_cpu_workers() -> None:

@@ -37,3 +37,97 @@ def test_every_ingress_flag_reaches_the_config() -> None:
     )  # fmt: skip
     assert (cfg.max_body_bytes, cfg.max_inputs, cfg.tokenizer_threads) == (1000, 7, 2)
     assert cfg.request_timeout_s == 3.5 and cfg.liveness is liveness
+
+
+# ---- several ingress processes, and the API key kept out of argv -----------------------------
+
+
+def test_default_ingress_procs_is_half_the_cores_and_at_least_one(monkeypatch) -> None:
+    from launch import ingress_role
+
+    for cores, procs in [(1, 1), (2, 1), (3, 1), (4, 2), (16, 8)]:
+        monkeypatch.setattr(ingress_role.os, "sched_getaffinity", lambda _, n=cores: set(range(n)))
+        assert ingress_role.default_ingress_procs() == procs, cores
+        assert ingress_role.ingress_procs(params()) == procs
+    assert ingress_role.ingress_procs(params("--ingress-procs", "3")) == 3
+
+
+def test_ingress_procs_reads_its_env_var_and_refuses_zero(monkeypatch) -> None:
+    import click
+    import pytest
+
+    from launch.ingress_role import ingress_procs
+
+    monkeypatch.setenv("EMBEDMESH_INGRESS_PROCS", "5")
+    assert ingress_procs(params()) == 5
+    assert ingress_procs(params("--ingress-procs", "2")) == 2, "a flag wins over the env var"
+    with pytest.raises(click.BadParameter):
+        params("--ingress-procs", "0")
+
+
+def test_reuse_port_is_off_for_a_lone_ingress_and_reaches_the_config() -> None:
+    assert ingress_config(params(), Liveness()).reuse_port is False
+    assert ingress_config(params("--reuse-port"), Liveness()).reuse_port is True
+
+
+def test_the_api_key_can_come_from_a_file_but_not_from_both(tmp_path, monkeypatch) -> None:
+    import click
+    import pytest
+
+    from launch.ingress_role import api_key
+
+    key_file = tmp_path / "key"
+    key_file.write_text("s3cret\n")
+    assert ingress_config(params("--api-key-file", str(key_file)), Liveness()).api_key == "s3cret"
+    with pytest.raises(click.UsageError, match="not both"):
+        api_key(params("--api-key", "x", "--api-key-file", str(key_file)))
+    monkeypatch.setenv("EMBEDMESH_API_KEY", "from-env")
+    assert api_key(params()) == "from-env"
+    key_file.write_text("\n")
+    monkeypatch.delenv("EMBEDMESH_API_KEY")
+    with pytest.raises(click.BadParameter, match="empty"):
+        api_key(params("--api-key-file", str(key_file)))
+
+
+def _all_opts(*args: str) -> dict:
+    ctx = main.make_context("mesh-launch", ["--role", "all", *args])
+    return {k: v for k, v in ctx.params.items() if k != "role"}
+
+
+def test_several_ingress_children_share_the_port_and_none_can_become_a_parent() -> None:
+    from launch.supervisor import ingress_commands, role_commands
+
+    cmds = role_commands(_all_opts("--ingress-procs", "2"), "ipc:///t/front", "ipc:///t/back")
+    assert list(cmds) == ["broker", "worker-0", "ingress-0", "ingress-1"]
+    for name in ("ingress-0", "ingress-1"):
+        args = cmds[name]
+        assert "--reuse-port" in args and args[args.index("--ingress-procs") + 1] == "1"
+        assert args[args.index("--broker") + 1] == "ipc:///t/front"
+    alone = ingress_commands(_all_opts("--ingress-procs", "1"), ["tcp://a:1", "tcp://b:2"])
+    assert list(alone) == ["ingress"] and "--reuse-port" not in alone["ingress"]
+    assert [a for a in alone["ingress"] if a.startswith("tcp://")] == ["tcp://a:1", "tcp://b:2"]
+
+
+def test_children_get_the_api_key_by_environment_and_only_the_ingresses(
+    tmp_path, monkeypatch
+) -> None:
+    from launch.supervisor import child_env, role_commands
+
+    key_file = tmp_path / "key"
+    key_file.write_text("file-key\n")
+    # Inherited key settings must not reach any child as they are (a file and a key would
+    # conflict in the child; workers and the broker have no use for the key).
+    monkeypatch.setenv("EMBEDMESH_API_KEY_FILE", str(key_file))
+    opts = _all_opts("--ingress-procs", "2")
+    assert opts["api_key_file"] == key_file
+    cmds = role_commands(opts, "ipc:///t/front", "ipc:///t/back")
+    assert not any("file-key" in " ".join(args) for args in cmds.values())
+    metrics = tmp_path / "metrics"
+    for name in cmds:
+        env = child_env(opts, name, metrics)
+        assert "EMBEDMESH_API_KEY_FILE" not in env
+        if name.startswith("ingress"):
+            assert env["EMBEDMESH_API_KEY"] == "file-key"
+            assert env["PROMETHEUS_MULTIPROC_DIR"] == str(metrics)
+        else:
+            assert "EMBEDMESH_API_KEY" not in env and "PROMETHEUS_MULTIPROC_DIR" not in env
