@@ -14,6 +14,7 @@ import click
 import zmq
 
 from launch.roles import Security, WorkerConfig, run_broker, run_worker
+from launch.supervisor import RESTART_LIMIT, die_with_parent_from_env
 from mesh import config
 from mesh.config import Liveness
 from mesh.transport import InsecureBindError
@@ -191,6 +192,15 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
 )
 # all
 @click.option("--workers", type=int, default=1, help="[all] Worker processes to start.")
+@click.option(
+    "--restart-limit",
+    type=click.IntRange(min=0),
+    default=RESTART_LIMIT,
+    help="[all; ingress with --ingress-procs] A role process that dies while serving is "
+    "restarted (after 1 s, doubling to 30 s) while the others keep serving; after this many "
+    "restarts in a row (a 60 s run resets the count) the supervisor gives up, stops "
+    "everything and exits 1. 0: never restart.",
+)
 # links
 @click.option(
     "--heartbeat-interval",
@@ -224,6 +234,7 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
 @click.pass_context
 def main(ctx: click.Context, role: str, **opts: object) -> None:
     """Run one role of an embedmesh mesh."""
+    die_with_parent_from_env()  # a role started by `--role all`: first, before any slow start
     logging.basicConfig(
         level=str(opts["log_level"]),
         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s",

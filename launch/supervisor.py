@@ -8,8 +8,13 @@ with the URL on stdout, then watches:
 
 - SIGINT / SIGTERM: stop the children (ingresses, then workers, then broker; SIGTERM, then
   SIGKILL after a grace) and exit 0;
-- a child that exits on its own, during start-up or later: name it, print the tail of its
-  output, stop the rest and exit 1.
+- a child that exits on its own during start-up: name it, print the tail of its output, stop
+  the rest and exit 1 (a mesh that never served has nothing to keep up);
+- a child that exits on its own while serving: name it, print the tail of its output and
+  start it again after a backoff (1 s doubling to 30 s) while the others keep serving (the
+  broker requeues a dead worker's batches; /health is 503 while a model has no worker). After
+  ``--restart-limit`` restarts in a row, each within a minute of its start, give up loudly:
+  stop the rest and exit 1.
 
 ``mesh-launch --role ingress --ingress-procs N`` (N > 1) runs the same way over N ingress
 children only (``run_ingress_group``): one spawner, one watcher, one shutdown for both.
@@ -53,6 +58,17 @@ from launch.ingress_role import DEFAULT_BROKER, api_key, ingress_procs
 START_TIMEOUT_S = 120.0  # model load on a slow CPU plus imports; a GPU start is faster
 STOP_GRACE_S = 5.0  # per stage (ingress, workers, broker) before SIGKILL
 POLL_S = 0.2
+# A role that dies while serving is restarted after RESTART_BACKOFF_S, doubling up to
+# RESTART_BACKOFF_MAX_S; a run of STABLE_RUN_S resets its count. --restart-limit restarts in a
+# row (default 5; 3..10 is reasonable) and the supervisor gives up: a crash loop is a bug or a
+# broken host, and a service manager above us is better placed to act on it.
+RESTART_BACKOFF_S = 1.0
+RESTART_BACKOFF_MAX_S = 30.0
+STABLE_RUN_S = 60.0
+RESTART_LIMIT = 5
+# Set in each child's environment: the child asks the kernel for SIGTERM when we die, then
+# checks that we have not died already (see die_with_parent_from_env).
+PARENT_PID_ENV = "EMBEDMESH_SUPERVISOR_PID"
 TAIL_LINES = 12  # lines of a failed child's output shown to the user
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 API_KEY_ENV = "EMBEDMESH_API_KEY"
@@ -63,10 +79,14 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # mesh.ingress.metrics.MULTIPROC_ENV
 
 @dataclass
 class Child:
-    """One role process, its output pump and the tail of what it printed."""
+    """One role process, how to start it again, its output pump and the tail of its output."""
 
     name: str
     proc: subprocess.Popen[bytes]
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    restarts: int = 0  # restarts in a row: since it last ran STABLE_RUN_S
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=200))
     pump: threading.Thread | None = None
 
@@ -97,7 +117,7 @@ def run_all(opts: dict[str, Any]) -> int:
         url, model = asyncio.run(_wait_ready(opts, children, stop))
         if not stop.is_set():
             print(f"embedmesh serving {model} at {url} ({_sizes(opts)})", flush=True)
-        _watch(children, stop)
+        _watch(children, stop, _restart_limit(opts), metrics_dir)
         return 0
     except RoleFailed as exc:
         print(f"embedmesh: {exc}", file=sys.stderr, flush=True)
@@ -109,7 +129,7 @@ def run_all(opts: dict[str, Any]) -> int:
 
 def run_ingress_group(opts: dict[str, Any]) -> int:
     """``--role ingress --ingress-procs N``: N ingress children on one port until a signal
-    (forwarded to them; exit 0) or a child's failure (exit 1)."""
+    (forwarded to them; exit 0), a child's failure to start, or a crash loop (exit 1)."""
     stop = _stop_on_signals()
     tmp = Path(tempfile.mkdtemp(prefix="embedmesh-ingress-"))
     children: list[Child] = []
@@ -123,7 +143,8 @@ def run_ingress_group(opts: dict[str, Any]) -> int:
             name: [*args, *_common(opts)] for name, args in ingress_commands(opts, brokers).items()
         }
         children = spawn(commands, lambda name: {**child_env(opts, name, metrics_dir), **extra})
-        _watch(children, stop)
+        asyncio.run(_wait_listening(opts, children, stop))
+        _watch(children, stop, _restart_limit(opts), metrics_dir)
         return 0
     except RoleFailed as exc:
         print(f"embedmesh: {exc}", file=sys.stderr, flush=True)
@@ -141,10 +162,82 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def _watch(children: list[Child], stop: threading.Event) -> None:
-    """Until ``stop``: a child that exits on its own is a failure."""
+def _restart_limit(opts: dict[str, Any]) -> int:
+    limit = opts.get("restart_limit")
+    return RESTART_LIMIT if limit is None else int(limit)
+
+
+def restart_delay(restarts_in_a_row: int, limit: int) -> float | None:
+    """Seconds to wait before restart number ``restarts_in_a_row`` (1, 2, ...) of a role; None
+    once past ``limit``: give up."""
+    if restarts_in_a_row > limit:
+        return None
+    return min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2 ** (restarts_in_a_row - 1))
+
+
+def _watch(
+    children: list[Child], stop: threading.Event, limit: int, metrics_dir: Path | None
+) -> None:
+    """Until ``stop``: restart a child that exits on its own, in place in ``children`` (the
+    others keep serving meanwhile), after a backoff; raise RoleFailed past ``limit``."""
+    due: dict[str, float] = {}  # name of a dead child -> when to start it again
     while not stop.wait(POLL_S):
-        _check_alive(children, "while serving")
+        now = time.monotonic()
+        for i, child in enumerate(children):
+            if child.name in due:
+                if now >= due[child.name]:
+                    del due[child.name]
+                    children[i] = _respawn(child)
+                continue
+            code = child.proc.poll()
+            if code is not None:
+                _forget_metrics(child, metrics_dir)
+                due[child.name] = now + _plan_restart(child, code, limit)
+
+
+def _plan_restart(child: Child, code: int, limit: int) -> float:
+    """Say loudly that ``child`` died and when it restarts; its delay, or RoleFailed."""
+    if child.pump is not None:
+        child.pump.join(timeout=2)  # let the last lines in
+    ran_s = time.monotonic() - child.started
+    child.restarts = 1 if ran_s >= STABLE_RUN_S else child.restarts + 1
+    delay = restart_delay(child.restarts, limit)
+    died = f"the {child.name} process {_how(code)} while serving: {child.last_line()}"
+    if delay is None:
+        why = (
+            "not restarting it (--restart-limit 0)"
+            if limit == 0
+            else f"giving up on it after {limit} restarts in a row, each dead within "
+            f"{STABLE_RUN_S:.0f}s (--restart-limit {limit})"
+        )
+        raise RoleFailed(
+            f"{died}\nLast lines of its output:\n{child.tail_text()}\n"
+            f"embedmesh: {why}; stopping everything."
+        )
+    print(
+        f"embedmesh: {died}\nLast lines of its output:\n{child.tail_text()}\n"
+        f"embedmesh: restarting {child.name} in {delay:.0f}s (restart {child.restarts} of at "
+        f"most {limit} in a row); the other roles keep serving",
+        file=sys.stderr,
+        flush=True,
+    )
+    return delay
+
+
+def _respawn(dead: Child) -> Child:
+    child = _start_child(dead.name, dead.args, dead.env)
+    child.restarts = dead.restarts
+    _start_pump(child)
+    print(f"embedmesh: restarted {child.name} (pid {child.proc.pid})", file=sys.stderr, flush=True)
+    return child
+
+
+def _forget_metrics(child: Child, metrics_dir: Path | None) -> None:
+    """A dead ingress's live gauges leave the shared registry (its counters stay summed)."""
+    if metrics_dir is not None and child.name.startswith("ingress"):
+        from prometheus_client.multiprocess import mark_process_dead
+
+        mark_process_dead(child.proc.pid, str(metrics_dir))
 
 
 def _sizes(opts: dict[str, Any]) -> str:
@@ -337,32 +430,50 @@ _LIBC = _load_libc()
 
 
 def die_with_parent() -> None:
-    """In a child before exec: get SIGTERM when the parent dies, even by SIGKILL (Linux)."""
+    """Get SIGTERM when the parent dies, even by SIGKILL (Linux): in a child before exec (as a
+    ``preexec_fn``), or early in the child itself (``die_with_parent_from_env``)."""
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def die_with_parent_from_env() -> None:
+    """In a role process the supervisor started: die with it. Armed here, after exec, rather
+    than in a ``preexec_fn``: the supervisor restarts roles while its pump threads run, and a
+    ``preexec_fn`` is unsafe in a threaded parent. A parent that died before we armed it is no
+    longer our parent, so that case is caught too."""
+    parent = os.environ.pop(PARENT_PID_ENV, None)  # not inherited by anything we start
+    if parent is None:
+        return
+    die_with_parent()
+    if os.getppid() != int(parent):
+        sys.exit(f"embedmesh: the supervisor (pid {parent}) is gone; not starting")
+
+
 def spawn(commands: dict[str, list[str]], env_for: Callable[[str], dict[str, str]]) -> list[Child]:
     """Start one ``launch.cli`` child per command (name → arguments), each with the
-    environment ``env_for(name)``; the one place that starts role processes."""
-    children = []
-    # Every child is forked before any pump thread exists: fork and preexec_fn are only
-    # safe in a single-threaded parent. Pipes buffer what they print meanwhile.
-    for name, args in commands.items():
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "launch.cli", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env_for(name),
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-        children.append(Child(name, proc))
+    environment ``env_for(name)``; with ``_respawn``, the one place that starts role
+    processes. Pipes buffer what the children print until their pumps start."""
+    children = [_start_child(name, args, env_for(name)) for name, args in commands.items()]
     for child in children:
-        child.pump = threading.Thread(target=_pump, args=(child,), daemon=True)
-        child.pump.start()
+        _start_pump(child)
     return children
+
+
+def _start_child(name: str, args: list[str], env: dict[str, str]) -> Child:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launch.cli", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**env, PARENT_PID_ENV: str(os.getpid())},
+        start_new_session=True,
+    )
+    return Child(name, proc, args, env)
+
+
+def _start_pump(child: Child) -> None:
+    child.pump = threading.Thread(target=_pump, args=(child,), daemon=True)
+    child.pump.start()
 
 
 _stderr_lock = threading.Lock()
@@ -388,11 +499,14 @@ def _check_alive(children: list[Child], when: str) -> None:
         if code is not None:
             if child.pump is not None:
                 child.pump.join(timeout=2)  # let the last lines in
-            how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
             raise RoleFailed(
-                f"the {child.name} process {how} {when}: {child.last_line()}\n"
+                f"the {child.name} process {_how(code)} {when}: {child.last_line()}\n"
                 f"Last lines of its output:\n{child.tail_text()}"
             )
+
+
+def _how(code: int) -> str:
+    return f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
 
 
 def _signal_name(signum: int) -> str:
@@ -416,12 +530,26 @@ async def _wait_ready(
 ) -> tuple[str, str]:
     """Until /health is 200, every ingress process has answered it and /v1/models counts every
     worker; returns (URL of /v1, the served model names)."""
+    return await _wait_up(opts, children, stop, whole_mesh=True)
+
+
+async def _wait_listening(
+    opts: dict[str, Any], children: list[Child], stop: threading.Event
+) -> None:
+    """Until every ingress process of a group answers /health, whatever it says: the mesh
+    behind them is not ours to wait for. A child that dies before is a start-up failure."""
+    await _wait_up(opts, children, stop, whole_mesh=False)
+
+
+async def _wait_up(
+    opts: dict[str, Any], children: list[Child], stop: threading.Event, whole_mesh: bool
+) -> tuple[str, str]:
     import aiohttp
 
     base = f"http://{_probe_host(str(opts['http_host']))}:{opts['http_port']}"
     key = api_key(opts)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    want, procs = int(opts["workers"]), ingress_procs(opts)
+    want, procs = int(opts["workers"]) if whole_mesh else 0, ingress_procs(opts)
     health, models, pids = "no answer yet", [], set()
     deadline = time.monotonic() + START_TIMEOUT_S
     # A fresh connection per probe: the kernel picks the ingress process per connection, so a
@@ -437,9 +565,11 @@ async def _wait_ready(
             answers = await asyncio.gather(*(_health(http, base) for _ in range(probes)))
             pids.update(pid for _, pid in answers if pid is not None)
             health = "200" if any(s == "200" for s, _ in answers) else answers[0][0]
-            # Each ingress answers with its pid once it listens; one green answer is not the
-            # whole tier.
-            if health == "200" and (procs == 1 or len(pids) >= procs):
+            # Each ingress answers with its pid once it listens; one answer is not the tier.
+            listening = len(pids) >= procs or (procs == 1 and health.isdigit())
+            if listening and not whole_mesh:
+                return f"{base}/v1", ""
+            if listening and health == "200":
                 models = await _models(http, base)
                 # /health is green with the first worker; wait for all, so that the line we
                 # print (and a benchmark started on it) means the whole mesh.

@@ -8,8 +8,10 @@ those connections alive: every request on one connection reaches the same proces
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import os
 import re
 import signal
 import socket
@@ -45,7 +47,8 @@ MAX_CONNECTIONS = 200  # fresh connections tried to meet both processes (odds of
 
 
 def connections_by_pid(port: int, want: int = 2) -> dict[int, http.client.HTTPConnection]:
-    """Open connections until /health has named ``want`` distinct pids; one kept per pid."""
+    """Open connections until /health has named ``want`` distinct pids (or MAX_CONNECTIONS were
+    tried); one connection kept per pid."""
     found: dict[int, http.client.HTTPConnection] = {}
     for _ in range(MAX_CONNECTIONS):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -56,8 +59,8 @@ def connections_by_pid(port: int, want: int = 2) -> dict[int, http.client.HTTPCo
         else:
             found[pid] = conn
         if len(found) == want:
-            return found
-    pytest.fail(f"only pids {sorted(found)} answered in {MAX_CONNECTIONS} connections")
+            break
+    return found
 
 
 def counter(text: str, series: str) -> float:
@@ -102,7 +105,7 @@ def test_role_all_with_two_ingress_procs_serves_one_port_from_both_and_sums_thei
     assert len(ingresses) == 2
 
     conns = connections_by_pid(port)
-    assert set(conns) == ingresses, "each /health answer names one of the two ingress children"
+    assert set(conns) == ingresses, "both ingress children answer, and only they"
     served = {pid: 2 + i for i, pid in enumerate(conns)}  # 2 requests on one, 3 on the other
     vectors: dict[int, np.ndarray] = {}
     for pid, conn in conns.items():
@@ -172,22 +175,45 @@ def test_role_ingress_with_two_procs_runs_two_children_on_one_port_keyed_by_file
             conn.close()
         for pid in [run.proc.pid, *ingresses]:
             assert KEY not in cmdline(pid), cmdline(pid)
+
+        # One child killed: the parent starts another; the dead one's counts stay in the sum,
+        # its live gauge (outstanding tokens) leaves it.
+        metrics_dir = Path(environ(min(ingresses))["PROMETHEUS_MULTIPROC_DIR"])
+        dead = min(ingresses)
+        assert (metrics_dir / f"gauge_livesum_{dead}.db").exists()
+        os.kill(dead, signal.SIGKILL)
+        conns = _wait_for_pids(run, port, exclude=dead)
+        assert dead not in conns and len(set(conns) & ingresses) == 1
+        assert not (metrics_dir / f"gauge_livesum_{dead}.db").exists()
+        _, body = request(next(iter(conns.values())), "GET", "/metrics")
+        refused = 'embedmesh_ingress_requests_total{route="/v1/models",status="401"}'
+        assert counter(body.decode(), refused) == 2
+        for conn in conns.values():
+            conn.close()
+        assert "restarting ingress-" in run.stderr.read_text()
+
         run.proc.send_signal(signal.SIGTERM)
         assert run.proc.wait(timeout=30) == 0, run.stderr.read_text()[-4000:]
-        assert not wait_gone(ingresses)
+        assert not wait_gone(ingresses | set(conns))
+        assert not metrics_dir.exists()
     finally:
         run.kill()
 
 
-def _wait_for_pids(run: Launched, port: int) -> dict[int, http.client.HTTPConnection]:
+def _wait_for_pids(
+    run: Launched, port: int, exclude: int | None = None
+) -> dict[int, http.client.HTTPConnection]:
+    """Connections to both ingress children of ``run`` (none to ``exclude``, a killed one)."""
     deadline = time.monotonic() + START_S
     while time.monotonic() < deadline:
         assert run.proc.poll() is None, run.stderr.read_text()[-4000:]
-        if len(ingress_children(run.proc.pid)) == 2:
-            try:
-                return connections_by_pid(port)
-            except (OSError, http.client.HTTPException):
-                pass  # not both listening yet
+        if len(ingress_children(run.proc.pid) - {exclude}) == 2:
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                conns = connections_by_pid(port)
+                if len(conns) == 2:
+                    return conns
+                for conn in conns.values():
+                    conn.close()  # one is not listening yet
         time.sleep(0.2)
     pytest.fail(f"two ingress processes never answered\n{run.stderr.read_text()[-4000:]}")
 

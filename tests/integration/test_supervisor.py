@@ -6,7 +6,9 @@ import json
 import os
 import re
 import signal
+import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,21 +91,97 @@ def test_the_url_line_waits_for_every_worker(tmp_path: Path) -> None:
             run.proc.wait()
 
 
-def test_a_worker_killed_while_serving_stops_the_mesh_with_a_message_naming_it(
+def _embed(base: str, text: str) -> tuple[int, np.ndarray | None]:
+    """POST one text; (status, its vector when 200)."""
+    try:
+        body = _post_json(f"{base}/embeddings", {"model": "all-MiniLM-L6-v2", "input": [text]})
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+    except OSError:
+        return 0, None
+    return 200, np.array(body["data"][0]["embedding"])
+
+
+def test_a_worker_killed_while_serving_is_restarted_and_the_service_comes_back(
     launched: Launched,
 ) -> None:
-    LINE.match(launched.first_line(START_S)) or pytest.fail("no URL line")
+    match = LINE.match(launched.first_line(START_S)) or pytest.fail("no URL line")
+    base = match.group(1)
+    status, before = _embed(base, "kill -9 is part of the example")
+    assert status == 200
     children = descendants(launched.proc.pid)
     workers = [pid for pid in children if "--role worker" in cmdline(pid)]
     assert len(workers) == 1
     os.kill(workers[0], signal.SIGKILL)
-    assert launched.proc.wait(timeout=30) == 1
+
+    deadline = time.monotonic() + START_S
+    status, after = 0, None
+    while status != 200 and time.monotonic() < deadline:
+        assert launched.proc.poll() is None, launched.stderr.read_text()[-3000:]
+        status, after = _embed(base, "kill -9 is part of the example")
+        if status != 200:
+            assert status in (0, 503), status  # unavailable while no worker serves the model
+            time.sleep(0.5)
+    assert status == 200, launched.stderr.read_text()[-3000:]
+    np.testing.assert_allclose(after, before, atol=1e-5)
+    new_workers = [p for p in descendants(launched.proc.pid) if "--role worker" in cmdline(p)]
+    assert len(new_workers) == 1 and new_workers[0] != workers[0]
     err = launched.stderr.read_text()
     assert "embedmesh: the worker-0 process was killed by SIGKILL while serving" in err, err[-3000:]
+    assert "embedmesh: restarting worker-0 in 1s (restart 1 of at most 5 in a row)" in err
+    launched.proc.send_signal(signal.SIGTERM)
+    assert launched.proc.wait(timeout=30) == 0, launched.stderr.read_text()[-3000:]
+
+
+def test_with_restarts_off_a_worker_killed_while_serving_stops_the_mesh_naming_it(
+    tmp_path: Path,
+) -> None:
+    run = start(tmp_path, "--restart-limit", "0", "--http-port", str(free_port()))
+    try:
+        LINE.match(run.first_line(START_S)) or pytest.fail("no URL line")
+        children = descendants(run.proc.pid)
+        workers = [pid for pid in children if "--role worker" in cmdline(pid)]
+        assert len(workers) == 1
+        os.kill(workers[0], signal.SIGKILL)
+        assert run.proc.wait(timeout=30) == 1
+    finally:
+        run.kill()
+    err = run.stderr.read_text()
+    assert "embedmesh: the worker-0 process was killed by SIGKILL while serving" in err, err[-3000:]
+    assert "not restarting it (--restart-limit 0); stopping everything" in err
     deadline = time.monotonic() + 5
     while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in children if alive(pid)]
+
+
+def test_a_crash_loop_is_restarted_with_backoff_then_given_up_loudly(monkeypatch, capfd) -> None:
+    """A role that dies at once every time: restarted ``limit`` times, then RoleFailed."""
+    from launch import supervisor
+
+    monkeypatch.setattr(supervisor, "RESTART_BACKOFF_S", 0.05)
+    # Past start-up already (the watcher's job), and dying at once: click refuses the role.
+    children = supervisor.spawn({"worker-0": ["--role", "no-such-role"]}, lambda _: {**os.environ})
+    pids = {children[0].proc.pid}
+    stop = threading.Event()
+    try:
+        with pytest.raises(supervisor.RoleFailed, match="giving up on it after 2 restarts"):
+            supervisor._watch(children, stop, limit=2, metrics_dir=None)
+        pids.add(children[0].proc.pid)
+    finally:
+        supervisor._stop_all(children)
+    assert len(pids) == 2, "the child in the list is the last restart, not the first process"
+    err = capfd.readouterr().err
+    assert err.count("embedmesh: restarting worker-0") == 2, err
+    assert "(restart 2 of at most 2 in a row)" in err and "no-such-role" in err
+
+
+def test_restart_delays_double_up_to_a_cap_and_stop_past_the_limit() -> None:
+    from launch.supervisor import RESTART_BACKOFF_MAX_S, restart_delay
+
+    assert [restart_delay(n, 10) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
+    assert restart_delay(10, 10) == RESTART_BACKOFF_MAX_S
+    assert restart_delay(6, 5) is None and restart_delay(1, 0) is None
 
 
 def test_role_all_with_a_model_dir_without_a_model_exits_non_zero_naming_the_worker(
