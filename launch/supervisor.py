@@ -269,6 +269,9 @@ def check_port_free(host: str, port: int) -> None:
     SO_REUSEPORT would otherwise join whatever already listens there (another mesh of the same
     user) and split its traffic instead of failing; a lone ingress would fail only after the
     rest of the mesh came up. A probe without SO_REUSEPORT fails on any listener."""
+    if port == 0:
+        # Each process would get a port of its own, and we could not find them to probe.
+        raise RoleFailed("--http-port 0 cannot work here: the processes share one port; give one")
     try:
         addresses = socket.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE

@@ -131,3 +131,21 @@ def test_children_get_the_api_key_by_environment_and_only_the_ingresses(
             assert env["PROMETHEUS_MULTIPROC_DIR"] == str(metrics)
         else:
             assert "EMBEDMESH_API_KEY" not in env and "PROMETHEUS_MULTIPROC_DIR" not in env
+
+
+def test_the_launcher_refuses_port_zero_and_a_port_in_use() -> None:
+    import socket
+
+    import pytest
+
+    from launch.supervisor import RoleFailed, check_port_free
+
+    with pytest.raises(RoleFailed, match="--http-port 0"):
+        check_port_free("127.0.0.1", 0)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RoleFailed, match="another server"):
+            check_port_free("127.0.0.1", port)
+    check_port_free("127.0.0.1", port)  # free again once its listener closed
