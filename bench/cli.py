@@ -20,15 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import click
+import orjson
 
-from bench import breakdown
+from bench import breakdown, hops, procs
 from bench.baseline import DEFAULT_BATCH_SIZES, DEFAULT_ENGINE_BUDGETS, run_in_subprocess
-from bench.corpus import DEFAULT_CORPUS, load_texts, request_bodies
+from bench.corpus import DEFAULT_CORPUS, PRIORITIES, load_texts, request_bodies
 from bench.host import CpuUse, CpuWatch, wait_quiet
-from bench.load import Target, closed_loop, open_loop, sequential
-from bench.report import Report, Run, noise
+from bench.load import Measured, Target, sequential
+from bench.modes import BULK, BULK_ALONE, Workload, phases
+from bench.report import Report, Run, hops_lines, noise
 from bench.spawn import SpawnedMesh
-from bench.stats import Sample, summarize
+from bench.stats import cdf_ms, summarize, timeline
 
 LATENCY_WARMUP_REQUESTS = 20
 
@@ -49,50 +51,83 @@ class Window:
         self.own_mesh = own_mesh
         self.watch = CpuWatch()
         self.before: breakdown.Scrape = {}
+        self.closed: tuple[CpuUse | None, dict[str, float]] | None = None
 
     def open(self) -> None:
         self.before = breakdown.scrape(self.target.url, self.target.api_key)
         self.watch.start()
 
     def close(self) -> tuple[CpuUse | None, dict[str, float]]:
-        # With --url the mesh is not our child: its CPU would count as others'.
-        cpu = self.watch.stop() if self.own_mesh else None
-        after = breakdown.scrape(self.target.url, self.target.api_key)
-        return cpu, breakdown.mean_ms(self.before, after)
+        """What was used and seen since ``open``; measured once, the same answer after."""
+        if self.closed is None:
+            # With --url the mesh is not our child: its CPU would count as others'.
+            cpu = self.watch.stop() if self.own_mesh else None
+            after = breakdown.scrape(self.target.url, self.target.api_key)
+            self.closed = cpu, breakdown.mean_ms(self.before, after)
+        return self.closed
+
+
+def _latency(target: Target, o: dict[str, Any], work: Workload, window: Window) -> Measured:
+    bodies = request_bodies(work.queries, o["model_name"], 1, o["encoding_format"], _prio(o))
+    return _run(
+        sequential(
+            target,
+            bodies,
+            o["latency_requests"],
+            warmup=LATENCY_WARMUP_REQUESTS,
+            on_window=window.open,
+        )
+    )
+
+
+def _prio(o: dict[str, Any]) -> str | None:
+    return None if o["priority"] == "auto" else o["priority"]
+
+
+def _runs_of(
+    label: str, mode: str, loads: dict[str, str], lanes: dict[str, Measured], window: Window
+) -> list[Run]:
+    """One Run per lane of a measured window, all with that window's CPU and stages."""
+    cpu, stages = window.close()
+    runs = []
+    for lane, m in lanes.items():
+        if m.elapsed_s <= 0:  # by count, nothing came back: still a row, with its errors
+            m.elapsed_s = 1e-9
+        latencies = [s.latency_s * 1000 for s in m.samples if s.ok]
+        runs.append(
+            Run(
+                label, mode, loads.get(lane, ""), summarize(m.samples, m.elapsed_s), cpu, stages,
+                lane=lane, cdf_ms=cdf_ms(latencies), timeline=timeline(m.samples, m.start_s, m.elapsed_s),
+            )
+        )  # fmt: skip
+    return runs
 
 
 def _measure(
-    mode: str, target: Target, o: dict[str, Any], window: Window
-) -> tuple[str, list[Sample], float]:
-    """One mode, warm-up first (``window`` opens after it); returns its load label, samples
-    and elapsed seconds."""
-    amount = {"count": o["requests"]} if o["requests"] else {"duration_s": o["duration"]}
+    label: str, mode: str, target: Target, o: dict[str, Any], work: Workload, own_mesh: bool
+) -> list[Run]:
+    """One mode's windows (``mixed`` has two), warm-up first in each."""
     if mode == "latency":
-        queries = load_texts(o["corpus"], kind="query")
-        bodies = request_bodies(queries, o["model_name"], 1, o["encoding_format"])
-        samples, elapsed = _run(
-            sequential(
-                target,
-                bodies,
-                o["latency_requests"],
-                warmup=LATENCY_WARMUP_REQUESTS,
-                on_window=window.open,
-            )
-        )
-        return "sequential, 1 query", samples, elapsed
-    texts = load_texts(o["corpus"])
-    tpr = o["texts_per_request"]
-    bodies = request_bodies(texts, o["model_name"], tpr, o["encoding_format"])
-    timing = {**amount, "warmup_s": o["warmup"], "on_window": window.open}
-    if mode == "closed":
-        conc = o["concurrency"]
-        samples, elapsed = _run(closed_loop(target, bodies, conc, **timing))
-        return f"{conc} clients x{tpr}", samples, elapsed
-    rate = o["rate"]
-    if not rate:
-        raise click.UsageError("--mode open needs --rate")
-    samples, elapsed = _run(open_loop(target, bodies, rate, seed=o["seed"], **timing))
-    return f"{rate:g}/s Poisson x{tpr}", samples, elapsed
+        window = Window(target, own_mesh)
+        m = _latency(target, o, work, window)
+        return _runs_of(label, mode, {"": "sequential, 1 query"}, {"": m}, window)
+    runs: list[Run] = []
+    try:
+        planned = phases(mode, work, o)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    for phase in planned:
+        window = Window(target, own_mesh)
+        lanes = procs.run(
+            target, phase.per_process, phase.timing, window.open,
+            spawn=phase.spawn, on_done=window.close,
+        )  # fmt: skip
+        runs += _runs_of(label, mode, phase.loads, lanes, window)
+    alone = next((r for r in runs if r.lane == BULK_ALONE), None)
+    for r in runs:
+        if alone is not None and r.lane == BULK and alone.stats.tokens_per_s > 0:
+            r.vs_alone = r.stats.tokens_per_s / alone.stats.tokens_per_s
+    return runs
 
 
 def _wait_quiet(max_wait_s: float) -> None:
@@ -125,16 +160,18 @@ def _baseline(report: Report, o: dict[str, Any]) -> None:
     click.echo(f"  best: batch {best['batch_size']}, {best['tokens_per_s']:.0f} tok/s", err=True)
 
 
-def _measure_run(label: str, mode: str, target: Target, o: dict[str, Any], own_mesh: bool) -> Run:
-    """One mode's window; measured again (up to --retry-noisy times) while others skew it."""
+def _measure_runs(
+    label: str, mode: str, target: Target, o: dict[str, Any], own_mesh: bool
+) -> list[Run]:
+    """One mode's windows; measured again (up to --retry-noisy times) while others skew one."""
+    work = Workload(load_texts(o["corpus"]), load_texts(o["corpus"], kind="query"))
     for attempt in range(1, o["retry_noisy"] + 2):
-        window = Window(target, own_mesh)
-        load, samples, elapsed = _measure(mode, target, o, window)
-        cpu, stages = window.close()
-        run = Run(label, mode, load, summarize(samples, elapsed), cpu, stages, attempt)
-        why = noise(cpu)
+        runs = _measure(label, mode, target, o, work, own_mesh)
+        why = next((w for r in runs if (w := noise(r.cpu))), "")
+        for r in runs:
+            r.attempts = attempt
         if not why or attempt > o["retry_noisy"]:
-            return run
+            return runs
         click.echo(f"  {label} {mode}: {why}; measuring again", err=True)
         _wait_quiet(max(o["wait_quiet"], 60.0))
     raise AssertionError("unreachable")
@@ -145,27 +182,62 @@ def _bench_config(report: Report, spawn_args: str | None, o: dict[str, Any]) -> 
     if spawn_args is not None:
         _wait_quiet(o["wait_quiet"])
         mesh = SpawnedMesh(spawn_args)
+        # The flags go to mesh-launch unchanged (shlex-split), after the bench's own.
         click.echo(f"starting mesh-launch --role all {spawn_args}".rstrip(), err=True)
         url = mesh.start()
         click.echo(mesh.line, err=True)
         label = spawn_args or "(defaults)"
+        report.configs[label] = mesh.describe()
     else:
         url, label = o["url"], o["url"]
+        report.configs[label] = f"an external mesh at {url}"
     target = Target(url, o["api_key"], o["timeout"])
     try:
         for mode in o["mode"]:
-            run = _measure_run(label, mode, target, o, own_mesh=mesh is not None)
-            report.runs.append(run)
-            s = run.stats
-            click.echo(
-                f"  {label} {mode} {run.load}: {s.requests_per_s:.1f} req/s, "
-                f"{s.tokens_per_s:.0f} tok/s, p50 {s.latency_ms['p50']:.1f} ms, "
-                f"errors {s.errors or 'none'}",
-                err=True,
-            )
+            if mode == "hops":
+                report.hops.append(_hops(label, spawn_args, mesh, target, o))
+                for line in hops_lines(report.hops[-1]):
+                    click.echo(line, err=True)
+                continue
+            for run in _measure_runs(label, mode, target, o, own_mesh=mesh is not None):
+                report.runs.append(run)
+                s = run.stats
+                click.echo(
+                    f"  {label} {run.name} {run.load}: {s.requests_per_s:.1f} req/s, "
+                    f"{s.tokens_per_s:.0f} tok/s, p50 {s.latency_ms['p50']:.1f} ms, "
+                    f"errors {s.errors or 'none'}",
+                    err=True,
+                )
     finally:
         if mesh is not None:
             mesh.stop()
+
+
+def _hops(
+    label: str, spawn_args: str | None, mesh: SpawnedMesh | None, target: Target, o: dict[str, Any]
+) -> dict[str, Any]:
+    """``--mode hops``: the same query through the engine alone, MeshClient and HTTP."""
+    query, count = o["hops_query"], o["latency_requests"]
+    model_dir, device = hops.engine_from_spawn(spawn_args or "")
+    model_dir, device = o["engine_model"] or model_dir, o["engine_device"] or device
+    click.echo(f"  {label} hops: engine alone ({device}) ...", err=True)
+    ways = {"engine": hops.engine_way(model_dir, device, query, count, LATENCY_WARMUP_REQUESTS)}
+    broker = o["broker"] or (mesh.broker_frontend() if mesh is not None else None)
+    if broker:
+        click.echo(f"  {label} hops: MeshClient to {broker} ...", err=True)
+        ways["client"] = _run(
+            hops.client_way(broker, o["model_name"], query, count, LATENCY_WARMUP_REQUESTS)
+        )
+    else:
+        ways["client"] = hops.Way(skipped="no broker endpoint: give --broker with --url")
+    click.echo(f"  {label} hops: HTTP ...", err=True)
+    ways["http"] = _run(
+        hops.http_way(
+            target.url, o["model_name"], query, count, LATENCY_WARMUP_REQUESTS, target.api_key
+        )
+    )
+    summaries = {name: way.summary() for name, way in ways.items()}
+    return {"config": label, "query": query, "count": count, "ways": summaries}
 
 
 @click.command(context_settings={"show_default": True})
@@ -182,9 +254,17 @@ def _bench_config(report: Report, spawn_args: str | None, o: dict[str, Any]) -> 
     "--mode",
     multiple=True,
     default=["closed"],
-    type=click.Choice(["closed", "open", "latency"]),
+    type=click.Choice(["closed", "open", "latency", "mixed", "hops"]),
     help="closed: N clients back to back; open: Poisson arrivals at --rate; "
-    "latency: one short query at a time. Repeatable.",
+    "latency: one short query at a time; mixed: bulk on the batch lane alone, then bulk plus "
+    "live queries at --live-rate on the interactive lane; hops: one query's time per hop, "
+    "engine alone vs MeshClient vs HTTP. Repeatable.",
+)
+@click.option(
+    "--procs",
+    default=1,
+    help="[closed, open, mixed] Load processes sharing the clients (or the rate); their "
+    "results are merged over one window. Raise it when the load generator is the limit.",
 )
 @click.option(
     "--corpus",
@@ -193,7 +273,7 @@ def _bench_config(report: Report, spawn_args: str | None, o: dict[str, Any]) -> 
     help="JSON lines with a 'text' field (and 'kind': query|passage).",
 )
 @click.option("--model-name", default="all-MiniLM-L6-v2", help="'model' in each request.")
-@click.option("--concurrency", default=16, help="[closed] Concurrent clients.")
+@click.option("--concurrency", default=16, help="[closed, mixed bulk] Concurrent clients.")
 @click.option("--rate", type=float, help="[open] Requests per second.")
 @click.option("--texts-per-request", default=1, help="[closed, open] Inputs per request.")
 @click.option("--duration", default=30.0, help="[closed, open] Seconds measured.")
@@ -205,7 +285,29 @@ def _bench_config(report: Report, spawn_args: str | None, o: dict[str, Any]) -> 
     default=5.0,
     help="[closed, open] Seconds of the same load, unbroken, before the measured window.",
 )
-@click.option("--latency-requests", default=300, help="[latency] Queries measured.")
+@click.option("--latency-requests", default=300, help="[latency, hops] Queries measured.")
+@click.option("--live-rate", default=10.0, help="[mixed] Live queries per second, evenly spaced.")
+@click.option("--bulk-texts-per-request", default=64, help="[mixed] Inputs per bulk request.")
+@click.option(
+    "--priority",
+    default="auto",
+    type=click.Choice(["auto", *PRIORITIES]),
+    help="[closed, open, latency] The lane each request asks for ('priority' body field); "
+    "auto: none, the ingress picks by size. mixed always names both lanes.",
+)
+@click.option(
+    "--broker",
+    help="[hops] Broker frontend for the MeshClient way with --url (found by itself with --spawn).",
+)
+@click.option("--hops-query", default=hops.DEFAULT_QUERY, help="[hops] The query sent.")
+@click.option(
+    "--engine-model",
+    help="[hops] Model directory of the engine-alone way (default: --spawn's --model, "
+    "else the embedded model).",
+)
+@click.option(
+    "--engine-device", help="[hops] Device of the engine-alone way (default: --spawn's, or cpu)."
+)
 @click.option("--encoding-format", default="float", type=click.Choice(["float", "base64"]))
 @click.option(
     "--baseline/--no-baseline",
@@ -244,13 +346,19 @@ def _bench_config(report: Report, spawn_args: str | None, o: dict[str, Any]) -> 
     "--json",
     "json_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Also write the report as JSON here.",
+    help="Also write the report as JSON here (and PNG plots beside it).",
+)
+@click.option(
+    "--plot-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write PNG plots here (latency CDF per lane, throughput over time); default: the "
+    "--json file's folder.",
 )
 def main(**o: Any) -> None:
     """Benchmark an embedmesh REST bridge (see the module docstring for the run order)."""
     report = Report(
         args={k: (list(v) if isinstance(v, tuple) else v) for k, v in o.items() if k != "api_key"}
-        | {"json_path": str(o["json_path"])}
+        | {"json_path": str(o["json_path"]), "plot_dir": str(o["plot_dir"])}
     )
     if o["baseline"]:
         _baseline(report, o)
@@ -259,7 +367,22 @@ def main(**o: Any) -> None:
     click.echo(report.table())
     if o["json_path"]:
         o["json_path"].write_bytes(report.as_json())
+    _plot(report, o)
     sys.stdout.flush()
+
+
+def _plot(report: Report, o: dict[str, Any]) -> None:
+    folder = o["plot_dir"] or (o["json_path"].parent if o["json_path"] else None)
+    if folder is None:
+        return
+    try:
+        from bench.plots import write_plots
+    except ImportError as exc:  # matplotlib is in the test extra, not a serving dependency
+        click.echo(f"no plots: {exc} (pip install matplotlib)", err=True)
+        return
+    stem = o["json_path"].stem if o["json_path"] else "mesh-bench"
+    for path in write_plots(orjson.loads(report.as_json()), Path(folder), stem):
+        click.echo(f"plot: {path}", err=True)
 
 
 if __name__ == "__main__":

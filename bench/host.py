@@ -79,16 +79,33 @@ def _tree(root: int, procs: dict[int, tuple[int, int]]) -> set[int]:
     return found
 
 
-def _role(pid: int) -> str:
-    """What a process of ours is: a mesh role by its mesh-launch flags, else ``bench``."""
+def process_tree(root: int) -> set[int]:
+    """``root`` and every process descended from it (empty without /proc)."""
     try:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return _tree(root, _process_ticks())
     except OSError:
+        return set()
+
+
+def cmdline(pid: int) -> list[str]:
+    """A process's argv ([] once it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _role(pid: int) -> str:
+    """What a process of ours is: a mesh role by its mesh-launch flags, else ``bench`` (this
+    process, and the load processes of ``--procs`` it started)."""
+    args = cmdline(pid)
+    if not args:
         return "other"
-    if b"--role" in args and args.index(b"--role") + 1 < len(args):
-        role = args[args.index(b"--role") + 1].decode()
+    if "--role" in args and args.index("--role") + 1 < len(args):
+        role = args[args.index("--role") + 1]
         return "supervisor" if role == "all" else role
-    return "bench" if pid == os.getpid() else "other"
+    return "bench"
 
 
 @dataclass

@@ -12,12 +12,12 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 import orjson
 
-from bench.stats import Sample, poisson_schedule
+from bench.stats import Sample, even_schedule, poisson_schedule
 
 Body = tuple[bytes, int]  # JSON body, number of texts in it
 
@@ -72,6 +72,19 @@ async def send(session: aiohttp.ClientSession, url: str, body: Body, due: float)
 OnWindow = Callable[[], None] | None  # called when the measured window opens
 
 
+@dataclass
+class Measured:
+    """What one load measured: its samples and the window they count over."""
+
+    samples: list[Sample] = field(default_factory=list)
+    start_s: float = 0.0  # when the measured window opened, on the samples' clock
+    elapsed_s: float = 0.0  # the window's length: the denominator of every rate
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.elapsed_s
+
+
 def _at_window(warmup_s: float, on_window: OnWindow) -> None:
     if on_window is not None:
         asyncio.get_running_loop().call_later(warmup_s, on_window)
@@ -86,7 +99,7 @@ async def closed_loop(
     count: int | None = None,
     warmup_s: float = 0.0,
     on_window: OnWindow = None,
-) -> tuple[list[Sample], float]:
+) -> Measured:
     """``concurrency`` clients, each sending its next request when the last one returns.
 
     The load runs without a break through ``warmup_s`` and then the measured window. By
@@ -119,9 +132,9 @@ async def closed_loop(
     async with target.session(concurrency) as session:
         await asyncio.gather(*(client(session) for _ in range(concurrency)))
     if duration_s is not None:
-        return [s for s in samples if window <= s.end_s < stop_at], duration_s
+        return Measured([s for s in samples if window <= s.end_s < stop_at], window, duration_s)
     measured = [s for s in samples if s.start_s >= window]
-    return measured, max((s.end_s for s in measured), default=window) - window
+    return Measured(measured, window, max((s.end_s for s in measured), default=window) - window)
 
 
 async def open_loop(
@@ -134,8 +147,10 @@ async def open_loop(
     warmup_s: float = 0.0,
     on_window: OnWindow = None,
     seed: int = 0,
-) -> tuple[list[Sample], float]:
-    """Poisson arrivals at ``rate`` requests/s, whatever the answers do.
+    even: bool = False,
+) -> Measured:
+    """Poisson arrivals at ``rate`` requests/s (``even``: one every ``1 / rate`` s), whatever
+    the answers do.
 
     Latency counts from each request's scheduled time, so a generator (or server) that falls
     behind shows up in the percentiles instead of hiding (no coordinated omission). The
@@ -143,8 +158,12 @@ async def open_loop(
     the last answer, so a mesh that keeps up shows the offered rate and one that does not,
     less.
     """
-    schedule = [*poisson_schedule(rate, duration_s=warmup_s, seed=seed + 1)] if warmup_s else []
-    measured = poisson_schedule(rate, duration_s=duration_s, count=count, seed=seed)
+    if even:
+        schedule = even_schedule(rate, duration_s=warmup_s) if warmup_s else []
+        measured = even_schedule(rate, duration_s=duration_s, count=count)
+    else:
+        schedule = poisson_schedule(rate, duration_s=warmup_s, seed=seed + 1) if warmup_s else []
+        measured = poisson_schedule(rate, duration_s=duration_s, count=count, seed=seed)
     schedule += [warmup_s + offset for offset in measured]
     picks = itertools.cycle(bodies)
     tasks: list[asyncio.Task[Sample]] = []
@@ -161,7 +180,7 @@ async def open_loop(
             )
         samples = [s for s in await asyncio.gather(*tasks) if s.start_s >= start + warmup_s]
     window = start + warmup_s
-    return samples, max((s.end_s for s in samples), default=window) - window
+    return Measured(samples, window, max((s.end_s for s in samples), default=window) - window)
 
 
 async def sequential(
@@ -171,7 +190,7 @@ async def sequential(
     *,
     warmup: int = 0,
     on_window: OnWindow = None,
-) -> tuple[list[Sample], float]:
+) -> Measured:
     """One request at a time: the latency of a lone query, queueing excluded.
 
     ``warmup`` requests first, not measured.

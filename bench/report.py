@@ -51,12 +51,26 @@ class Run:
     """One load run against one mesh configuration."""
 
     config: str  # how the mesh was started ("--workers 2 --threads 1", or the URL)
-    mode: str  # closed | open | latency
-    load: str  # "c=16 x1", "rate=50/s x1", "seq x1"
+    mode: str  # closed | open | latency | mixed
+    load: str  # "16 clients x1", "50/s Poisson x1", "sequential, 1 query"
     stats: RunStats
     cpu: CpuUse | None = None  # CPU by role, and others' share meanwhile (None: not measured)
     stages_ms: dict[str, float] = field(default_factory=dict)  # mean ms per request, by stage
     attempts: int = 1  # windows measured; earlier ones were discarded as noisy (--retry-noisy)
+    lane: str = ""  # mixed: "bulk alone", "bulk" or "live"; "" for one-lane modes
+    vs_alone: float | None = None  # mixed bulk: its tokens/s over the same run's bulk alone
+    cdf_ms: list[float] = field(default_factory=list)  # latency at percentiles 0, 0.5, ..., 100
+    timeline: dict[str, Any] = field(default_factory=dict)  # throughput over the window
+
+    @property
+    def name(self) -> str:
+        """The mode, and the lane where a mode has several."""
+        return f"{self.mode} {self.lane}" if self.lane else self.mode
+
+    @property
+    def throughput(self) -> bool:
+        """Whether its tokens/s mean a capacity (not a latency probe or the live lane)."""
+        return self.mode not in ("latency", "hops") and self.lane != "live"
 
     @property
     def other_cpu(self) -> float | None:
@@ -69,6 +83,8 @@ class Report:
     baseline: BaselineResult | None = None
     runs: list[Run] = field(default_factory=list)
     baseline_cpu: CpuUse | None = None
+    configs: dict[str, str] = field(default_factory=dict)  # config label -> how it was started
+    hops: list[dict[str, Any]] = field(default_factory=list)  # --mode hops, per configuration
     started: str = field(
         default_factory=lambda: datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     )
@@ -76,7 +92,7 @@ class Report:
 
     def ratio(self, run: Run) -> float:
         """Tokens/s against the best baseline; NaN for a latency run (not a throughput)."""
-        if self.baseline is None or run.mode == "latency":
+        if self.baseline is None or not run.throughput:
             return math.nan
         return run.stats.tokens_per_s / self.baseline.best["tokens_per_s"]
 
@@ -89,12 +105,18 @@ class Report:
                 "baseline": self.baseline.as_dict() if self.baseline else None,
                 "baseline_other_cpu": self.baseline_cpu.others if self.baseline_cpu else None,
                 "baseline_steal": self.baseline_cpu.steal if self.baseline_cpu else None,
+                "configs": self.configs,
+                "hops": self.hops,
                 "runs": [
                     {
                         "config": r.config,
                         "mode": r.mode,
+                        "lane": r.lane,
                         "load": r.load,
                         "vs_baseline": self.ratio(r),
+                        "vs_alone": r.vs_alone,
+                        "cdf_ms": r.cdf_ms,
+                        "timeline": r.timeline,
                         "other_cpu": r.other_cpu,
                         "steal": r.cpu.steal if r.cpu is not None else None,
                         "stages_ms": r.stages_ms,
@@ -114,6 +136,7 @@ class Report:
             f"{self.started}  {h['nproc']} cpus ({h['cpu']}), {h['mem_gib']} GiB RAM, "
             f"load average {h['loadavg_1m']} at start"
         ]
+        lines += [f"config {label!r}: {how}" for label, how in self.configs.items()]
         header = (
             "config mode load ok/sent req/s texts/s tok/s p50_ms p90_ms p99_ms vs_ST other_cpu "
             "steal"
@@ -124,10 +147,10 @@ class Report:
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
         lines += [
-            f"errors in {r.config} {r.mode}: {r.stats.errors}" for r in self.runs if r.stats.errors
+            f"errors in {r.config} {r.name}: {r.stats.errors}" for r in self.runs if r.stats.errors
         ]
         lines += [
-            f"cpu (cores) in {r.config} {r.mode}: "
+            f"cpu (cores) in {r.config} {r.name}: "
             + ", ".join(
                 f"{role} {cores:.2f}"
                 for role, cores in sorted(r.cpu.ours.items(), key=lambda x: -x[1])
@@ -136,11 +159,13 @@ class Report:
             if r.cpu is not None and r.cpu.ours
         ]
         lines += [
-            f"mean ms per request in {r.config} {r.mode}: "
+            f"mean ms per request in {r.config} {r.name}: "
             + ", ".join(f"{k} {v:.1f}" for k, v in r.stages_ms.items())
             for r in self.runs
             if r.stages_ms
         ]
+        lines += [_mixed_line(r, self.runs) for r in self.runs if r.vs_alone is not None]
+        lines += [line for h in self.hops for line in hops_lines(h)]
         lines += [w for r in self.runs if (w := _noise_warning(r))]
         return "\n".join(lines)
 
@@ -148,7 +173,7 @@ class Report:
         s, lat, ratio = r.stats, r.stats.latency_ms, self.ratio(r)
         return [
             r.config,
-            r.mode,
+            r.name,
             r.load,
             f"{s.ok}/{s.requests}",
             f"{s.requests_per_s:.1f}",
@@ -197,7 +222,41 @@ def noise(cpu: CpuUse | None) -> str:
 
 def _noise_warning(r: Run) -> str:
     why = noise(r.cpu)
-    return f"warning: during {r.config} {r.mode} {why}" if why else ""
+    return f"warning: during {r.config} {r.name} {why}" if why else ""
+
+
+def _mixed_line(bulk: Run, runs: list[Run]) -> str:
+    """A mixed run in one line: what the live lane saw, what the bulk kept of its solo rate."""
+    live = next((r for r in runs if r.config == bulk.config and r.lane == "live"), None)
+    line = (
+        f"mixed in {bulk.config}: bulk {bulk.stats.tokens_per_s:.0f} tok/s = "
+        f"{bulk.vs_alone:.2f}x of bulk alone"
+    )
+    if live is not None:
+        lat = live.stats.latency_ms
+        line += (
+            f"; live p50/p90/p99 {lat['p50']:.1f}/{lat['p90']:.1f}/{lat['p99']:.1f} ms "
+            f"({live.stats.ok}/{live.stats.requests} ok)"
+        )
+    return line
+
+
+def hops_lines(h: dict[str, Any]) -> list[str]:
+    """``--mode hops`` of one configuration: p50 of each way, then each way's hops."""
+    ways = h["ways"]
+    lines = [
+        f"hops in {h['config']} ({h['count']} x {h['query']!r}): "
+        + ", ".join(
+            f"{way} p50 {w['p50_ms']:.2f} ms" for way, w in ways.items() if not w.get("skipped")
+        )
+    ]
+    for way, w in ways.items():
+        if w.get("skipped"):
+            lines.append(f"  {way}: skipped ({w['skipped']})")
+        elif w["hops_p50_ms"]:
+            hops = ", ".join(f"{k} {v:.3f}" for k, v in w["hops_p50_ms"].items())
+            lines.append(f"  {way} per hop, p50 ms: {hops}")
+    return lines
 
 
 def _share(value: float | None) -> str:

@@ -15,10 +15,18 @@ import threading
 import time
 from pathlib import Path
 
+from bench.host import cmdline, process_tree
 from launch.supervisor import die_with_parent
 
 START_TIMEOUT_S = 180.0
 URL = re.compile(r" at (http://\S+/v1) ")
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    """The value after ``name`` in an argv, if any."""
+    if name in args and args.index(name) + 1 < len(args):
+        return args[args.index(name) + 1]
+    return None
 
 
 def free_port() -> int:
@@ -89,6 +97,24 @@ class SpawnedMesh:
             )
         self.url = match.group(1)
         return self.url
+
+    def describe(self) -> str:
+        """How this mesh was started: the command line (its flags exactly as given, after
+        ours) and what it said when it came up."""
+        port = self.url.rsplit(":", 1)[-1].split("/")[0] if self.url else "PORT"
+        flags = shlex.join(self.command(int(port) if port.isdigit() else 0)[3:])
+        return f"mesh-launch {flags}" + (f" -> {self.line}" if self.line else "")
+
+    def broker_frontend(self) -> str | None:
+        """The endpoint its broker's clients connect to, read from the broker process's
+        command line (``--role all`` picks a private one); None when not found."""
+        if self.proc is None:
+            return None
+        for pid in sorted(process_tree(self.proc.pid)):
+            args = cmdline(pid)
+            if _flag(args, "--role") == "broker" and _flag(args, "--frontend"):
+                return _flag(args, "--frontend")
+        return None
 
     def log_tail(self, chars: int = 3000) -> str:
         return self._log.read_text(errors="replace")[-chars:]

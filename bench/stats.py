@@ -18,7 +18,9 @@ PERCENTILES = (50, 90, 99)
 class Sample:
     """One request as the load generator saw it."""
 
-    start_s: float  # when it was due (open loop: scheduled time), perf_counter seconds
+    # When it was due (open loop: scheduled time), perf_counter seconds; from the start of the
+    # load once results of several load processes are merged (bench.procs).
+    start_s: float
     latency_s: float  # from start_s to the last byte of the response
     status: str  # HTTP status ("200", "429", ...) or the client-side failure ("timeout", ...)
     texts: int  # inputs in the request
@@ -71,6 +73,50 @@ def poisson_schedule(
         if duration_s is not None and t >= duration_s:
             return offsets
         offsets.append(t)
+
+
+def even_schedule(
+    rate: float, *, duration_s: float | None = None, count: int | None = None
+) -> list[float]:
+    """Arrival offsets of a fixed rate: one every ``1 / rate`` seconds, the first after one gap.
+
+    The live lane of ``mixed`` uses it: evenly spaced queries measure what the bulk load does to
+    a query, where Poisson bursts would add queries waiting behind each other.
+    """
+    if rate <= 0:
+        raise ValueError(f"rate must be positive, not {rate}")
+    if (duration_s is None) == (count is None):
+        raise ValueError("give exactly one of duration_s and count")
+    n = count if count is not None else math.ceil(duration_s * rate) - 1  # type: ignore[operator]
+    return [(i + 1) / rate for i in range(max(0, n))]
+
+
+def cdf_ms(latencies_ms: Sequence[float], step: float = 0.5) -> list[float]:
+    """Latency at every ``step``-th percentile from 0 to 100: the CDF a plot draws, small
+    enough for the JSON report whatever the number of samples."""
+    xs = sorted(latencies_ms)
+    if not xs:
+        return []
+    steps = round(100 / step)
+    return [percentile(xs, i * step) for i in range(steps + 1)]
+
+
+def timeline(samples: Iterable[Sample], start_s: float, elapsed_s: float) -> dict[str, object]:
+    """Successful requests and tokens per second in equal bins of the window, by completion
+    time: throughput over time (1 s bins, or 20 bins in a window under 20 s)."""
+    bin_s = 1.0 if elapsed_s >= 20 else elapsed_s / 20
+    bins = max(1, math.ceil(elapsed_s / bin_s - 1e-9))
+    requests, tokens = [0] * bins, [0] * bins
+    for s in samples:
+        i = math.floor((s.end_s - start_s) / bin_s)
+        if s.ok and 0 <= i < bins:
+            requests[i] += 1
+            tokens[i] += s.tokens
+    return {
+        "bin_s": bin_s,
+        "requests_per_s": [r / bin_s for r in requests],
+        "tokens_per_s": [t / bin_s for t in tokens],
+    }
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import orjson
@@ -83,3 +84,45 @@ def test_a_run_with_much_steal_gets_a_warning() -> None:
     report = _report()
     report.runs[0].cpu = CpuUse(0.0, {"worker": 1.9}, steal=0.25)
     assert "the hypervisor stole 25%" in report.table()
+
+
+def _mixed_report() -> Report:
+    report = Report(args={"mode": ["mixed"]})
+    bulk = [Sample(0.0, 0.5, "200", 64, 8000)] * 10
+    live = [Sample(0.0, 0.004 * (i + 1), "200", 1, 18) for i in range(10)]
+    alone = Run(
+        "--ingress-procs 2", "mixed", "8 clients x64", summarize(bulk, 1.0), lane="bulk alone"
+    )
+    both = Run("--ingress-procs 2", "mixed", "8 clients x64", summarize(bulk[:9], 1.0), lane="bulk")
+    both.vs_alone = 0.9
+    report.runs += [
+        alone,
+        both,
+        Run("--ingress-procs 2", "mixed", "10/s", summarize(live, 1.0), lane="live"),
+    ]
+    report.configs["--ingress-procs 2"] = "mesh-launch --role all --ingress-procs 2"
+    return report
+
+
+def test_a_mixed_run_reports_both_lanes_and_the_bulk_rate_against_bulk_alone() -> None:
+    report = _mixed_report()
+    table = report.table()
+    assert "mixed live" in table and "mixed bulk alone" in table
+    line = next(x for x in table.splitlines() if x.startswith("mixed in --ingress-procs 2"))
+    assert "0.90x of bulk alone" in line and "live p50/p90/p99" in line
+    assert "config '--ingress-procs 2': mesh-launch --role all --ingress-procs 2" in table
+
+
+def test_the_live_lane_is_not_compared_with_the_baseline_throughput() -> None:
+    report = _mixed_report()
+    report.baseline = _report().baseline
+    live = next(r for r in report.runs if r.lane == "live")
+    bulk = next(r for r in report.runs if r.lane == "bulk")
+    assert math.isnan(report.ratio(live)) and not math.isnan(report.ratio(bulk))
+
+
+def test_json_carries_lanes_configs_and_the_bulk_ratio() -> None:
+    data = json.loads(_mixed_report().as_json())
+    assert [r["lane"] for r in data["runs"]] == ["bulk alone", "bulk", "live"]
+    assert data["runs"][1]["vs_alone"] == 0.9 and data["runs"][0]["vs_alone"] is None
+    assert data["configs"] == {"--ingress-procs 2": "mesh-launch --role all --ingress-procs 2"}

@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.stats import Sample, percentile, poisson_schedule, summarize
+from bench.stats import (
+    Sample,
+    cdf_ms,
+    even_schedule,
+    percentile,
+    poisson_schedule,
+    summarize,
+    timeline,
+)
 
 
 def test_percentile_interpolates_between_closest_ranks() -> None:
@@ -104,3 +112,33 @@ def test_summarize_with_no_success_reports_nan_latency_and_zero_rates() -> None:
 def test_summarize_needs_a_positive_window() -> None:
     with pytest.raises(ValueError):
         summarize([], elapsed_s=0)
+
+
+def test_even_schedule_spaces_arrivals_by_one_period_inside_the_duration() -> None:
+    assert even_schedule(4, count=3) == [0.25, 0.5, 0.75]
+    assert even_schedule(10, duration_s=0.5) == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    with pytest.raises(ValueError):
+        even_schedule(0, count=1)
+
+
+def test_cdf_ms_runs_from_the_minimum_to_the_maximum_in_order() -> None:
+    points = cdf_ms([5.0, 1.0, 3.0, 2.0, 4.0], step=25)
+    assert points == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert len(cdf_ms([1.0] * 1000)) == 201  # 0.5-percentile steps, whatever the sample count
+    assert cdf_ms([]) == []
+
+
+def test_timeline_bins_successes_by_completion_time_inside_the_window() -> None:
+    samples = [
+        Sample(10.0, 0.55, "200", 1, 100),  # ends at 10.55: bin 5
+        Sample(10.0, 1.55, "200", 1, 100),  # ends at 11.55: bin 15
+        Sample(10.0, 1.6, "503", 1),  # errors do not count
+        Sample(9.0, 0.5, "200", 1, 100),  # ended before the window
+    ]
+    t = timeline(samples, start_s=10.0, elapsed_s=2.0)
+    assert t["bin_s"] == pytest.approx(0.1) and len(t["tokens_per_s"]) == 20
+    assert sum(t["tokens_per_s"]) * t["bin_s"] == pytest.approx(200)
+    assert t["tokens_per_s"][5] == pytest.approx(1000) and t["tokens_per_s"][15] == pytest.approx(
+        1000
+    )
+    assert len(timeline(samples, 0.0, 60.0)["tokens_per_s"]) == 60  # 1 s bins in long windows

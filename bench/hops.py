@@ -1,0 +1,212 @@
+"""``--mode hops``: where one idle query's time goes, the same query three ways (issue 8, item 4).
+
+1. **engine**: the model the mesh serves, loaded in a process of our own (``python -m
+   bench.hops``, so the load generator never imports torch), the pre-tokenized query through
+   ``Engine.embed_final``; its tokenization is timed apart as the hop ``tokenize``;
+2. **client**: ``MeshClient.embed_tokens`` to the broker, the same token ids (the way the GPU
+   benchmark drives the mesh), hops from ``EmbedResult.timings``;
+3. **http**: ``POST /v1/embeddings`` with the text, hops from the ``x-embedmesh-timings``
+   response header (asked for with ``X-Embedmesh-Timings: 1``).
+
+One query at a time, after a warm-up, each way. A way's hops are whatever names its source
+reports (``ingress_parse``, ``broker_queue``, ``worker_compute``, ...); a name that never
+arrives is not shown, so the report follows the mesh as its timings land.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from bench.stats import percentile
+
+TIMINGS_HEADER = "X-Embedmesh-Timings"
+# Twelve words, every run the same: an idle query's cost is compared across ways and commits.
+DEFAULT_QUERY = "how can a team keep live search fast while bulk indexing runs"
+
+
+@dataclass
+class Way:
+    """One way of sending the query: each query's latency and its per-hop timings."""
+
+    latencies_ms: list[float] = field(default_factory=list)
+    timings: list[dict[str, float]] = field(default_factory=list)
+    errors: int = 0
+    skipped: str = ""  # why this way was not measured ("" when it was)
+
+    def summary(self) -> dict[str, Any]:
+        lat = self.latencies_ms
+        return {
+            "count": len(lat),
+            "errors": self.errors,
+            "p50_ms": percentile(lat, 50),
+            "p90_ms": percentile(lat, 90),
+            "p99_ms": percentile(lat, 99),
+            "hops_p50_ms": hop_p50s(self.timings),
+            "skipped": self.skipped,
+        }
+
+
+def parse_timings(header: str | None) -> dict[str, float]:
+    """``name=ms,name=ms`` into a dict; an entry that does not parse is left out, not fatal
+    (the header is a diagnostic, and its producer is changing under us)."""
+    out: dict[str, float] = {}
+    for part in (header or "").split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            continue
+        try:
+            ms = float(value)
+        except ValueError:
+            continue
+        if math.isfinite(ms):
+            out[name] = ms
+    return out
+
+
+def hop_p50s(timings: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Per hop, the median over the queries that reported it; hops in first-seen order."""
+    values: dict[str, list[float]] = {}
+    for one in timings:
+        for name, ms in one.items():
+            values.setdefault(name, []).append(ms)
+    return {name: percentile(ms, 50) for name, ms in values.items()}
+
+
+async def http_way(
+    url: str, model: str, query: str, count: int, warmup: int, api_key: str | None = None
+) -> Way:
+    """``count`` sequential ``POST /v1/embeddings`` of the query, asking for the timings."""
+    import aiohttp
+
+    body = orjson.dumps({"model": model, "input": query, "encoding_format": "base64"})
+    headers = {"Content-Type": "application/json", TIMINGS_HEADER: "1"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    way = Way()
+    async with aiohttp.ClientSession(headers=headers) as session:
+        for i in range(warmup + count):
+            t0 = time.perf_counter()
+            async with session.post(url.rstrip("/") + "/embeddings", data=body) as resp:
+                await resp.read()
+                ms = (time.perf_counter() - t0) * 1000
+                ok, header = resp.status == 200, resp.headers.get(TIMINGS_HEADER)
+            if i < warmup:
+                continue
+            if not ok:
+                way.errors += 1
+                continue
+            way.latencies_ms.append(ms)
+            way.timings.append(parse_timings(header))
+    return way
+
+
+async def client_way(broker: str, model: str, query: str, count: int, warmup: int) -> Way:
+    """``count`` sequential ``MeshClient.embed_tokens`` of the query's token ids."""
+    from mesh.client import MeshClient
+    from mesh.errors import MeshError
+
+    way = Way()
+    async with MeshClient(broker) as client:
+        await client.wait_ready(60, model=model)
+        ids, offsets = await client.tokenize([query], model, truncate=True)
+        for i in range(warmup + count):
+            t0 = time.perf_counter()
+            try:
+                result = await client.embed_tokens(ids, offsets, model)
+            except MeshError:
+                way.errors += i >= warmup
+                continue
+            ms = (time.perf_counter() - t0) * 1000
+            if i >= warmup:
+                way.latencies_ms.append(ms)
+                # getattr: EmbedResult.timings is being added; until then, no hops.
+                way.timings.append(dict(getattr(result, "timings", None) or {}))
+    return way
+
+
+def engine_way(model_dir: str | None, device: str, query: str, count: int, warmup: int) -> Way:
+    """The engine alone, in a fresh interpreter (``main`` below); JSON back on stdout."""
+    cmd = [sys.executable, "-m", "bench.hops", "--device", device, "--query", query]
+    cmd += ["--count", str(count), "--warmup", str(warmup)]
+    if model_dir:
+        cmd += ["--model", model_dir]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return Way(skipped=f"engine process failed: {done.stderr.strip()[-500:]}")
+    raw = json.loads(done.stdout)
+    return Way(raw["latencies_ms"], raw["timings"])
+
+
+def engine_from_spawn(spawn_args: str) -> tuple[str | None, str]:
+    """The model directory and device a ``mesh-launch`` command line gives its workers
+    (``None``: the embedded default model)."""
+    args = shlex.split(spawn_args)
+    model, device = None, "cpu"
+    for flag, value in zip(args, args[1:], strict=False):
+        if flag == "--model":
+            model = value
+        elif flag == "--device":
+            device = value
+        elif flag == "--gpu":
+            device = f"cuda:{value}"
+    for arg in args:  # --flag=value spellings
+        flag, sep, value = arg.partition("=")
+        if sep and flag == "--model":
+            model = value
+        elif sep and flag == "--device":
+            device = value
+    return model, device
+
+
+def measure_engine(model_dir: str | None, device: str, query: str, count: int, warmup: int) -> Way:
+    """Tokenize and embed the query ``count`` times in this process (after ``warmup``)."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from mesh.worker.engine.card import default_model_path
+    from mesh.worker.engine.engine import Engine
+
+    engine = Engine.load(model_dir or default_model_path(), device=device)
+    engine.warmup([16, 32])
+    tok = Tokenizer.from_str(engine.card.tokenizer_json.decode("utf-8"))
+    tok.no_padding()
+    tok.enable_truncation(engine.card.max_input_tokens)
+    way = Way()
+    for i in range(warmup + count):
+        t0 = time.perf_counter()
+        ids = np.asarray(tok.encode(query).ids, dtype=np.int32)
+        t1 = time.perf_counter()
+        engine.embed_final(ids, np.array([0, len(ids)], dtype=np.int32))  # numpy: synchronized
+        t2 = time.perf_counter()
+        if i >= warmup:
+            way.latencies_ms.append((t2 - t1) * 1000)
+            way.timings.append({"tokenize": (t1 - t0) * 1000, "embed": (t2 - t1) * 1000})
+    return way
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="The engine way of mesh-bench --mode hops.")
+    parser.add_argument("--model", help="model directory (default: the embedded model)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--query", default=DEFAULT_QUERY)
+    parser.add_argument("--count", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=20)
+    args = parser.parse_args(argv)
+    way = measure_engine(args.model, args.device, args.query, args.count, args.warmup)
+    json.dump({"latencies_ms": way.latencies_ms, "timings": way.timings}, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
