@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from threading import Event
 from typing import Any
 
 import zmq
@@ -105,45 +106,50 @@ class RoleFailed(Exception):
 
 def run_all(opts: dict[str, Any]) -> int:
     """Run a whole mesh until a signal (exit 0) or a role's failure (exit 1)."""
-    stop = _stop_on_signals()
-    tmp = Path(tempfile.mkdtemp(prefix="embedmesh-"))
-    children: list[Child] = []
-    try:
-        check_port_free(str(opts["http_host"]), int(opts["http_port"]))
+
+    def start(tmp: Path, metrics_dir: Path | None, children: list[Child], stop: Event) -> None:
         frontend, backend = _endpoints(tmp)
-        metrics_dir = _metrics_dir(tmp, opts)
         commands = role_commands(opts, frontend, backend)
-        children = spawn(commands, lambda name: child_env(opts, name, metrics_dir))
+        children += spawn(commands, lambda name: child_env(opts, name, metrics_dir))
         url, model = asyncio.run(_wait_ready(opts, children, stop))
         if not stop.is_set():
             print(f"embedmesh serving {model} at {url} ({_sizes(opts)})", flush=True)
-        _watch(children, stop, _restart_limit(opts), metrics_dir)
-        return 0
-    except RoleFailed as exc:
-        print(f"embedmesh: {exc}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        _stop_all(children)
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    return _supervise(opts, "embedmesh-", start)
 
 
 def run_ingress_group(opts: dict[str, Any]) -> int:
     """``--role ingress --ingress-procs N``: N ingress children on one port until a signal
     (forwarded to them; exit 0), a child's failure to start, or a crash loop (exit 1)."""
-    stop = _stop_on_signals()
-    tmp = Path(tempfile.mkdtemp(prefix="embedmesh-ingress-"))
-    children: list[Child] = []
     # Key paths travel by environment too; the children link to the brokers as we would.
     extra = {"EMBEDMESH_CURVE_DIR": str(opts["curve_dir"])} if opts.get("curve_dir") else {}
+    brokers = list(opts.get("broker_endpoints") or ()) or [DEFAULT_BROKER]
+    commands = {
+        name: [*args, *_common(opts)] for name, args in ingress_commands(opts, brokers).items()
+    }
+
+    def start(tmp: Path, metrics_dir: Path | None, children: list[Child], stop: Event) -> None:
+        children += spawn(commands, lambda name: {**child_env(opts, name, metrics_dir), **extra})
+        asyncio.run(_wait_listening(opts, children, stop))
+
+    return _supervise(opts, "embedmesh-ingress-", start)
+
+
+def _supervise(
+    opts: dict[str, Any],
+    prefix: str,
+    start: Callable[[Path, Path | None, list[Child], Event], None],
+) -> int:
+    """Check the HTTP port, ``start`` the children (into the list, so that whatever started is
+    stopped whatever happens next) and wait until they are up, then watch them until a signal
+    (exit 0) or a failure (exit 1). Our temp dir (ipc endpoints, shared metrics) goes at exit."""
+    stop = _stop_on_signals()
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    children: list[Child] = []
     try:
         check_port_free(str(opts["http_host"]), int(opts["http_port"]))
         metrics_dir = _metrics_dir(tmp, opts)
-        brokers = list(opts.get("broker_endpoints") or ()) or [DEFAULT_BROKER]
-        commands = {
-            name: [*args, *_common(opts)] for name, args in ingress_commands(opts, brokers).items()
-        }
-        children = spawn(commands, lambda name: {**child_env(opts, name, metrics_dir), **extra})
-        asyncio.run(_wait_listening(opts, children, stop))
+        start(tmp, metrics_dir, children, stop)
         _watch(children, stop, _restart_limit(opts), metrics_dir)
         return 0
     except RoleFailed as exc:
@@ -154,9 +160,9 @@ def run_ingress_group(opts: dict[str, Any]) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _stop_on_signals() -> threading.Event:
+def _stop_on_signals() -> Event:
     """An event that SIGINT and SIGTERM set; the shutdown then signals every child."""
-    stop = threading.Event()
+    stop = Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     return stop
@@ -175,9 +181,7 @@ def restart_delay(restarts_in_a_row: int, limit: int) -> float | None:
     return min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2 ** (restarts_in_a_row - 1))
 
 
-def _watch(
-    children: list[Child], stop: threading.Event, limit: int, metrics_dir: Path | None
-) -> None:
+def _watch(children: list[Child], stop: Event, limit: int, metrics_dir: Path | None) -> None:
     """Until ``stop``: restart a child that exits on its own, in place in ``children`` (the
     others keep serving meanwhile), after a backoff; raise RoleFailed past ``limit``."""
     due: dict[str, float] = {}  # name of a dead child -> when to start it again
@@ -528,24 +532,20 @@ def _probe_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-async def _wait_ready(
-    opts: dict[str, Any], children: list[Child], stop: threading.Event
-) -> tuple[str, str]:
+async def _wait_ready(opts: dict[str, Any], children: list[Child], stop: Event) -> tuple[str, str]:
     """Until /health is 200, every ingress process has answered it and /v1/models counts every
     worker; returns (URL of /v1, the served model names)."""
     return await _wait_up(opts, children, stop, whole_mesh=True)
 
 
-async def _wait_listening(
-    opts: dict[str, Any], children: list[Child], stop: threading.Event
-) -> None:
+async def _wait_listening(opts: dict[str, Any], children: list[Child], stop: Event) -> None:
     """Until every ingress process of a group answers /health, whatever it says: the mesh
     behind them is not ours to wait for. A child that dies before is a start-up failure."""
     await _wait_up(opts, children, stop, whole_mesh=False)
 
 
 async def _wait_up(
-    opts: dict[str, Any], children: list[Child], stop: threading.Event, whole_mesh: bool
+    opts: dict[str, Any], children: list[Child], stop: Event, whole_mesh: bool
 ) -> tuple[str, str]:
     import aiohttp
 
