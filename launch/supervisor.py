@@ -73,7 +73,7 @@ PARENT_PID_ENV = "EMBEDMESH_SUPERVISOR_PID"
 TAIL_LINES = 12  # lines of a failed child's output shown to the user
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 API_KEY_ENV = "EMBEDMESH_API_KEY"
-# Never inherited: only ingress children get the key, resolved (a file read once, here).
+# Never inherited as they are: only ingress children get the key, resolved here (file read).
 SECRET_ENV = (API_KEY_ENV, "EMBEDMESH_API_KEY_FILE")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # mesh.ingress.metrics.MULTIPROC_ENV
 
