@@ -2,7 +2,8 @@
 
 The difference of each histogram's ``_sum`` and ``_count`` between two scrapes gives the mean
 over the requests in between: HTTP total, tokenization, and the mesh part (submit to last
-result) split into the broker queue wait and the workers' compute.
+result) split into the broker queue wait and the workers' compute. The mesh histograms are
+labelled by lane, so a window with live and bulk traffic (``--mode mixed``) is split by lane.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ STAGES = {
 }
 _LINE = re.compile(r"^(\w+?)_(sum|count)(\{[^}]*\})?\s+(\S+)$")
 _ROUTE = re.compile(r'route="([^"]*)"')
+_LANE = re.compile(r'lane="([^"]*)"')
 
-Scrape = dict[str, tuple[float, float]]  # histogram -> (sum, count), summed over labels
+# histogram -> (sum, count), summed over labels; also "histogram@lane" for lane-labelled ones
+Scrape = dict[str, tuple[float, float]]
 
 
 def parse(text: str) -> Scrape:
@@ -36,8 +39,10 @@ def parse(text: str) -> Scrape:
         route = _ROUTE.search(labels or "")
         if route is not None and route.group(1) != "/v1/embeddings":
             continue
-        acc = out.setdefault(name, [0.0, 0.0])
-        acc[0 if part == "sum" else 1] += float(value)
+        lane = _LANE.search(labels or "")
+        for key in (name, f"{name}@{lane.group(1)}") if lane else (name,):
+            acc = out.setdefault(key, [0.0, 0.0])
+            acc[0 if part == "sum" else 1] += float(value)
     return {name: (s, c) for name, (s, c) in out.items()}
 
 
@@ -54,12 +59,14 @@ def scrape(v1_url: str, api_key: str | None = None, timeout_s: float = 5.0) -> S
         return {}
 
 
-def mean_ms(before: Scrape, after: Scrape) -> dict[str, float]:
-    """Mean milliseconds per observation of each stage between two scrapes."""
+def mean_ms(before: Scrape, after: Scrape, lane: str | None = None) -> dict[str, float]:
+    """Mean milliseconds per observation of each stage between two scrapes; with ``lane``
+    ("interactive", "batch"), only the stages the ingress labels by lane, for that lane."""
     out = {}
     for stage, name in STAGES.items():
-        s0, c0 = before.get(name, (0.0, 0.0))
-        s1, c1 = after.get(name, (0.0, 0.0))
+        key = name if lane is None else f"{name}@{lane}"
+        s0, c0 = before.get(key, (0.0, 0.0))
+        s1, c1 = after.get(key, (0.0, 0.0))
         if c1 > c0:
             out[stage] = (s1 - s0) / (c1 - c0) * 1000
     return out

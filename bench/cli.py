@@ -3,12 +3,18 @@
     mesh-bench --url http://127.0.0.1:8000/v1 --mode closed --concurrency 16 --duration 30
     mesh-bench --spawn '--workers 1 --threads 2' --spawn '--workers 2 --threads 1' \\
                --mode closed --mode latency --json out.json
+    mesh-bench --spawn '--ingress-procs 6' --procs 4 --mode closed --concurrency 64
+    mesh-bench --spawn '' --mode mixed --concurrency 32 --live-rate 10 --duration 30
+    mesh-bench --spawn '' --mode hops --latency-requests 300 --no-baseline
 
 Order within one invocation: the baseline first, alone (a separate process, finished before
-any mesh starts); then, per mesh configuration, the modes one after the other. With
-``--spawn`` each configuration is started by ``mesh-launch --role all`` (``--auto-truncate``
-on, as sentence-transformers truncates too) and stopped before the next. With ``--url`` the
-mesh must run with ``--auto-truncate`` or the corpus's long passages come back as 422.
+any mesh starts); then, per mesh configuration, the modes one after the other (``mixed``:
+bulk alone, then bulk with live queries, each window as long). With ``--spawn`` each
+configuration is started by ``mesh-launch --role all`` (``--auto-truncate`` on, as
+sentence-transformers truncates too; the rest of the flags passed unchanged) and stopped
+before the next. With ``--url`` the mesh must run with ``--auto-truncate`` or the corpus's
+long passages come back as 422. ``--json`` writes the report, and PNG plots beside it (or in
+``--plot-dir``).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from bench.baseline import DEFAULT_BATCH_SIZES, DEFAULT_ENGINE_BUDGETS, run_in_s
 from bench.corpus import DEFAULT_CORPUS, PRIORITIES, load_texts, request_bodies
 from bench.host import CpuUse, CpuWatch, wait_quiet
 from bench.load import Measured, Target, sequential
-from bench.modes import BULK, BULK_ALONE, Workload, phases
+from bench.modes import BULK, BULK_ALONE, WIRE_LANES, Workload, phases
 from bench.report import Report, Run, hops_lines, noise
 from bench.spawn import SpawnedMesh
 from bench.stats import cdf_ms, summarize, timeline
@@ -51,20 +57,25 @@ class Window:
         self.own_mesh = own_mesh
         self.watch = CpuWatch()
         self.before: breakdown.Scrape = {}
-        self.closed: tuple[CpuUse | None, dict[str, float]] | None = None
+        self.after: breakdown.Scrape = {}
+        self.cpu: CpuUse | None = None
+        self.closed = False
 
     def open(self) -> None:
         self.before = breakdown.scrape(self.target.url, self.target.api_key)
         self.watch.start()
 
-    def close(self) -> tuple[CpuUse | None, dict[str, float]]:
-        """What was used and seen since ``open``; measured once, the same answer after."""
-        if self.closed is None:
+    def close(self) -> None:
+        """Read what was used and seen since ``open``; once (later calls keep that)."""
+        if not self.closed:
             # With --url the mesh is not our child: its CPU would count as others'.
-            cpu = self.watch.stop() if self.own_mesh else None
-            after = breakdown.scrape(self.target.url, self.target.api_key)
-            self.closed = cpu, breakdown.mean_ms(self.before, after)
-        return self.closed
+            self.cpu = self.watch.stop() if self.own_mesh else None
+            self.after = breakdown.scrape(self.target.url, self.target.api_key)
+            self.closed = True
+
+    def stages(self, lane: str | None = None) -> dict[str, float]:
+        """Mean ms per request by stage over the window (of one wire lane, if given)."""
+        return breakdown.mean_ms(self.before, self.after, lane)
 
 
 def _latency(target: Target, o: dict[str, Any], work: Workload, window: Window) -> Measured:
@@ -87,17 +98,19 @@ def _prio(o: dict[str, Any]) -> str | None:
 def _runs_of(
     label: str, mode: str, loads: dict[str, str], lanes: dict[str, Measured], window: Window
 ) -> list[Run]:
-    """One Run per lane of a measured window, all with that window's CPU and stages."""
-    cpu, stages = window.close()
+    """One Run per lane of a measured window, all with that window's CPU; the ingress's
+    stages of the lane's own traffic when the window has several lanes."""
+    window.close()
     runs = []
     for lane, m in lanes.items():
-        if m.elapsed_s <= 0:  # by count, nothing came back: still a row, with its errors
-            m.elapsed_s = 1e-9
+        # An empty window (nothing came back, by count) is still a row: rates 0, its errors.
+        elapsed = max(m.elapsed_s, 1e-9)
         latencies = [s.latency_s * 1000 for s in m.samples if s.ok]
         runs.append(
             Run(
-                label, mode, loads.get(lane, ""), summarize(m.samples, m.elapsed_s), cpu, stages,
-                lane=lane, cdf_ms=cdf_ms(latencies), timeline=timeline(m.samples, m.start_s, m.elapsed_s),
+                label, mode, loads.get(lane, ""), summarize(m.samples, elapsed), window.cpu,
+                window.stages(WIRE_LANES.get(lane) if len(lanes) > 1 else None),
+                lane=lane, cdf_ms=cdf_ms(latencies), timeline=timeline(m.samples, m.start_s, elapsed),
             )
         )  # fmt: skip
     return runs

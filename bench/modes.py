@@ -21,6 +21,7 @@ from bench.load import Body
 from bench.procs import Job, Timing, closed_jobs, open_jobs
 
 BULK, LIVE, BULK_ALONE = "bulk", "live", "bulk alone"
+WIRE_LANES = {BULK: "batch", LIVE: "interactive"}  # the lane each asks the ingress for
 
 
 @dataclass
@@ -69,8 +70,8 @@ def _mixed(work: Workload, o: dict[str, Any], timing: Timing) -> list[Phase]:
     tpr, conc, rate = o["bulk_texts_per_request"], o["concurrency"], o["live_rate"]
     if rate <= 0:
         raise ValueError("--mode mixed needs a positive --live-rate")
-    bulk_bodies = _bodies(work.passages, o, tpr, "batch")
-    live_bodies = _bodies(work.queries, o, 1, "interactive")
+    bulk_bodies = _bodies(work.passages, o, tpr, WIRE_LANES[BULK])
+    live_bodies = _bodies(work.queries, o, 1, WIRE_LANES[LIVE])
     bulk_load = f"{conc} clients x{tpr}, batch lane"
     alone = closed_jobs(BULK_ALONE, bulk_bodies, conc, o["procs"])
     bulk = closed_jobs(BULK, bulk_bodies, conc, o["procs"])

@@ -46,3 +46,32 @@ def test_mean_ms_is_the_difference_of_sums_over_the_difference_of_counts() -> No
 
 def test_no_metrics_gives_no_stages() -> None:
     assert mean_ms({}, {}) == {}
+
+
+def test_a_lane_gets_the_means_of_its_own_traffic_only() -> None:
+    before = parse(
+        'embedmesh_ingress_queue_duration_seconds_sum{lane="batch",model="m"} 10.0\n'
+        'embedmesh_ingress_queue_duration_seconds_count{lane="batch",model="m"} 10.0\n'
+        'embedmesh_ingress_queue_duration_seconds_sum{lane="interactive",model="m"} 0.0\n'
+        'embedmesh_ingress_queue_duration_seconds_count{lane="interactive",model="m"} 0.0\n'
+        "embedmesh_ingress_tokenize_duration_seconds_sum 0.0\n"
+        "embedmesh_ingress_tokenize_duration_seconds_count 0.0\n"
+    )
+    after = dict(before)
+    after["embedmesh_ingress_queue_duration_seconds@batch"] = (30.0, 20.0)  # +20 s over +10
+    after["embedmesh_ingress_queue_duration_seconds@interactive"] = (0.1, 10.0)  # +0.1 s over +10
+    after["embedmesh_ingress_tokenize_duration_seconds"] = (0.2, 20.0)
+    assert mean_ms(before, after, "batch") == {"queue": pytest.approx(2000.0)}
+    assert mean_ms(before, after, "interactive") == {"queue": pytest.approx(10.0)}
+    assert mean_ms(before, after)["tokenize"] == pytest.approx(10.0)  # no lane: every stage
+
+
+def test_parse_sums_a_lane_labelled_histogram_both_per_lane_and_over_lanes() -> None:
+    scrape = parse(
+        'embedmesh_ingress_mesh_duration_seconds_sum{lane="batch",model="m"} 3.0\n'
+        'embedmesh_ingress_mesh_duration_seconds_sum{lane="interactive",model="m"} 1.0\n'
+        'embedmesh_ingress_mesh_duration_seconds_count{lane="batch",model="m"} 3.0\n'
+        'embedmesh_ingress_mesh_duration_seconds_count{lane="interactive",model="m"} 2.0\n'
+    )
+    assert scrape["embedmesh_ingress_mesh_duration_seconds"] == (4.0, 5.0)
+    assert scrape["embedmesh_ingress_mesh_duration_seconds@interactive"] == (1.0, 2.0)
