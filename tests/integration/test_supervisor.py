@@ -120,7 +120,9 @@ def test_a_worker_killed_while_serving_is_restarted_and_the_service_comes_back(
         assert launched.proc.poll() is None, launched.stderr.read_text()[-3000:]
         status, after = _embed(base, "kill -9 is part of the example")
         if status != 200:
-            assert status in (0, 503), status  # unavailable while no worker serves the model
+            # While no worker serves the model: 503, or 502 for a request the dead worker
+            # held (the broker's call, not the supervisor's); never a 500 or a hang.
+            assert status in (0, 502, 503), status
             time.sleep(0.5)
     assert status == 200, launched.stderr.read_text()[-3000:]
     np.testing.assert_allclose(after, before, atol=1e-5)
