@@ -13,10 +13,15 @@ from proto_msgs import ErrorCode
 class MeshError(Exception):
     code: ErrorCode = ErrorCode.INTERNAL
 
-    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+    def __init__(
+        self, message: str, *, retry_after_s: float | None = None, param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after_s = retry_after_s
+        # The request field at fault ("input", "dimensions", ...), for the HTTP error's
+        # ``param``: the client validates, the ingress only maps, so the field travels here.
+        self.param = param
 
 
 class InvalidInput(MeshError):

@@ -5,6 +5,10 @@ tokenizes with the catalog's tokenizer (fetched from the broker: no local model 
 requests over live brokers by least outstanding tokens, and returns numpy arrays. Every call
 ends with an ``EmbedResult`` or a ``mesh.errors.MeshError``.
 
+One front door: a request is resolved and validated once (``prepare_texts`` /
+``prepare_tokens``) into a ``ValidRequest`` that ``submit`` sends as it is. ``embed`` and
+``embed_tokens`` are the two composed; the REST bridge calls the halves to time them apart.
+
     async with MeshClient(["tcp://127.0.0.1:5555"]) as client:
         result = await client.embed(["hello world"], model="all-MiniLM-L6-v2")
         result.embeddings  # np.ndarray [1, 384] float32
@@ -22,26 +26,20 @@ import zmq
 import zmq.asyncio
 
 from mesh.client.connection import BrokerConnection, EmbedResult
+from mesh.client.models import ModelBook
+from mesh.client.request import (
+    ValidRequest,
+    guess_lane,
+    output_options,
+    valid_tokenized,
+    valid_tokens,
+)
 from mesh.client.tokenize import ModelTokenizer, TokenizerPool
 from mesh.config import DEFAULT_REQUEST_TIMEOUT_S, Liveness
-from mesh.errors import (
-    DeadlineExceeded,
-    InvalidInput,
-    MeshError,
-    ModelNotFound,
-    Unavailable,
-)
-from proto_msgs import (
-    OUTPUT_KINDS,
-    Lane,
-    ModelInfo,
-    OutputOptions,
-    SubmitRequest,
-    TokenizerReply,
-    TokenizerRequest,
-)
+from mesh.errors import DeadlineExceeded, InvalidInput, MeshError, ModelNotFound, Unavailable
+from proto_msgs import Lane, ModelInfo, SubmitRequest, TokenizerReply, TokenizerRequest
 
-__all__ = ["EmbedResult", "MeshClient"]
+__all__ = ["EmbedResult", "MeshClient", "ValidRequest"]
 
 
 class MeshClient:
@@ -64,7 +62,7 @@ class MeshClient:
             BrokerConnection(self._ctx, ep, self.liveness, connect=connect) for ep in endpoints
         ]
         self.tokenizers = TokenizerPool(tokenizer_threads)
-        self._seen: dict[str, ModelInfo] = {}  # every model a broker ever listed
+        self.seen = ModelBook()  # every model a broker listed: the one owner of "seen"
         self._tokenizer_fetches: dict[str, asyncio.Future[ModelTokenizer]] = {}
 
     async def __aenter__(self) -> MeshClient:
@@ -99,7 +97,7 @@ class MeshClient:
     # ---- catalog ------------------------------------------------------------------------------
 
     def models(self) -> list[ModelInfo]:
-        """The union of live brokers' catalogs (worker counts summed)."""
+        """The union of live brokers' catalogs (worker counts summed); remembered as seen."""
         merged: dict[str, ModelInfo] = {}
         for broker in self.brokers:
             if not broker.alive:
@@ -109,22 +107,22 @@ class MeshClient:
                     merged[m.name].workers += m.workers
                 else:
                     merged[m.name] = ModelInfo(**{**m.__dict__, "aliases": list(m.aliases)})
-        return list(merged.values())
+        served = list(merged.values())
+        self.seen.note(served)
+        return served
 
     def resolve(self, name: str) -> ModelInfo:
         """The served model called ``name`` (or with that alias).
 
         Unavailable when no broker answers, or when the model was served before and has no
-        worker now (retry later); ModelNotFound when no broker ever listed it.
+        worker now (retry later); ModelNotFound when no broker listed it (or it was forgotten).
         """
         if not any(b.alive for b in self.brokers):
             raise Unavailable("no broker is reachable; retry later")
         served = self.models()
-        for m in served:
-            self._seen[m.name] = m
         model = _find(served, name)
         if model is None:
-            if _find(list(self._seen.values()), name) is not None:
+            if self.seen.find(name) is not None:
                 raise Unavailable(f"no worker serves model {name!r} right now; retry later")
             names = ", ".join(m.name for m in served) or "none right now"
             raise ModelNotFound(f"model {name!r} is not served (served: {names})")
@@ -155,18 +153,9 @@ class MeshClient:
                     return self.tokenizers.add(key, reply.content, model)
         raise Unavailable(f"no broker could give the tokenizer of {model.name!r}")
 
-    # ---- embedding ----------------------------------------------------------------------------
+    # ---- the front door: resolve and validate once ----------------------------------------------
 
-    async def tokenize(
-        self, texts: Sequence[str], model: str, *, truncate: bool = False
-    ) -> tuple[np.ndarray, np.ndarray]:
-        if not texts:
-            raise InvalidInput("no input given")
-        info = self.resolve(model)
-        tok = await self.tokenizer(info)
-        return await self.tokenizers.encode(tok, list(texts), truncate)
-
-    async def embed(
+    async def prepare_texts(
         self,
         texts: Sequence[str],
         model: str,
@@ -174,24 +163,21 @@ class MeshClient:
         dims: int | None = None,
         normalize: bool = True,
         kind: str = "float32",
-        lane: int = Lane.INTERACTIVE,
-        timeout_s: float | None = None,
+        lane: int | None = None,
         truncate: bool = False,
-    ) -> EmbedResult:
-        """Embed ``texts`` with ``model``; rows follow the input order."""
-        ids, offsets = await self.tokenize(texts, model, truncate=truncate)
-        return await self.embed_tokens(
-            ids,
-            offsets,
-            model,
-            dims=dims,
-            normalize=normalize,
-            kind=kind,
-            lane=lane,
-            timeout_s=timeout_s,
-        )
+    ) -> ValidRequest:
+        """Resolve ``model``, check the options, tokenize (off the loop, live work first):
+        the request ready to submit. ``lane`` None: chosen by size."""
+        texts = list(texts)
+        if not texts:
+            raise InvalidInput("no input given", param="input")
+        info = self.resolve(model)
+        output = output_options(info, dims, normalize, kind)
+        tok = await self.tokenizer(info)
+        ids, lengths = await self.tokenizers.encode(tok, texts, truncate, guess_lane(texts, lane))
+        return valid_tokenized(info, ids, lengths, output, lane)
 
-    async def embed_tokens(
+    def prepare_tokens(
         self,
         token_ids: np.ndarray,
         offsets: np.ndarray,
@@ -200,35 +186,37 @@ class MeshClient:
         dims: int | None = None,
         normalize: bool = True,
         kind: str = "float32",
-        lane: int = Lane.INTERACTIVE,
-        timeout_s: float | None = None,
-    ) -> EmbedResult:
-        """Embed already tokenized sequences (ids concatenated, offsets n+1)."""
+        lane: int | None = None,
+        truncate: bool = False,
+    ) -> ValidRequest:
+        """Resolve ``model`` and check the given ids (ids concatenated, offsets n+1) once."""
         info = self.resolve(model)
-        raw = np.asarray(token_ids)
-        # Before the int32 cast, which would wrap an id of 2**32 + 5 into the vocabulary.
-        if raw.size and (raw.min() < 0 or raw.max() >= info.vocab_size):
-            raise InvalidInput(f"token ids must be in 0..{info.vocab_size - 1}")
-        token_ids = np.ascontiguousarray(raw, dtype=np.int32)
-        offsets = np.ascontiguousarray(offsets, dtype=np.int32)
-        _check_tokens(token_ids, offsets, info)
-        if kind not in OUTPUT_KINDS:
-            raise InvalidInput(f"unknown output kind {kind!r}; use one of {sorted(OUTPUT_KINDS)}")
-        if dims is not None and not 1 <= dims <= info.dims:
-            raise InvalidInput(f"dimensions must be between 1 and {info.dims} for {info.name}")
+        output = output_options(info, dims, normalize, kind)
+        return valid_tokens(info, token_ids, offsets, output, lane, truncate)
+
+    async def tokenize(
+        self, texts: Sequence[str], model: str, *, truncate: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """int32 ids (concatenated) and offsets (n+1) of ``texts``, for callers that keep
+        tokens to send later with ``embed_tokens``."""
+        valid = await self.prepare_texts(texts, model, truncate=truncate)
+        return valid.token_ids, valid.offsets
+
+    async def submit(self, request: ValidRequest, timeout_s: float | None = None) -> EmbedResult:
+        """Send a validated request; no model lookup or check happens again here."""
         timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
-        broker = self._pick(info.name)
+        broker = self._pick(request.model.name)
         cid = broker.next_cid()
-        request = SubmitRequest(
+        submit = SubmitRequest(
             cid=cid,
-            model=info.name,
-            lane=lane,
+            model=request.model.name,
+            lane=int(request.lane),
             timeout_ms=max(1, int(timeout_s * 1000)),
-            output=OutputOptions(dims=dims, normalize=normalize, kind=kind),
-            token_ids=token_ids,
-            offsets=offsets,
+            output=request.output,
+            token_ids=request.token_ids,
+            offsets=request.offsets,
         )
-        pending = broker.submit(request, tokens=len(token_ids))
+        pending = broker.submit(submit, tokens=request.tokens)
         try:
             # The broker enforces the deadline; this local one (a liveness window later) is
             # the safety net for a broker that dies silently mid-request.
@@ -242,6 +230,47 @@ class MeshClient:
                 broker.cancel(cid)  # caller gave up (timeout or task cancelled)
                 pending.future.cancel()
 
+    # ---- embedding: the front door and submit, composed -------------------------------------------
+
+    async def embed(
+        self,
+        texts: Sequence[str],
+        model: str,
+        *,
+        dims: int | None = None,
+        normalize: bool = True,
+        kind: str = "float32",
+        lane: int | None = Lane.INTERACTIVE,
+        timeout_s: float | None = None,
+        truncate: bool = False,
+    ) -> EmbedResult:
+        """Embed ``texts`` with ``model``; rows follow the input order. ``lane`` None: by
+        size (more than ``INTERACTIVE_MAX_TOKENS`` tokens go to the batch lane)."""
+        request = await self.prepare_texts(
+            texts, model, dims=dims, normalize=normalize, kind=kind, lane=lane, truncate=truncate
+        )
+        return await self.submit(request, timeout_s)
+
+    async def embed_tokens(
+        self,
+        token_ids: np.ndarray,
+        offsets: np.ndarray,
+        model: str,
+        *,
+        dims: int | None = None,
+        normalize: bool = True,
+        kind: str = "float32",
+        lane: int | None = Lane.INTERACTIVE,
+        timeout_s: float | None = None,
+        truncate: bool = False,
+    ) -> EmbedResult:
+        """Embed already tokenized sequences (ids concatenated, offsets n+1)."""
+        request = self.prepare_tokens(
+            token_ids, offsets, model, dims=dims, normalize=normalize, kind=kind, lane=lane,
+            truncate=truncate,
+        )  # fmt: skip
+        return await self.submit(request, timeout_s)
+
     def _pick(self, model: str) -> BrokerConnection:
         live = [b for b in self.brokers if b.alive and _find(b.models, model)]
         if not live:
@@ -254,21 +283,3 @@ def _find(models: list[ModelInfo], name: str) -> ModelInfo | None:
         if m.name == name or name in m.aliases:
             return m
     return None
-
-
-def _check_tokens(ids: np.ndarray, offsets: np.ndarray, info: ModelInfo) -> None:
-    if ids.ndim != 1 or offsets.ndim != 1 or len(offsets) < 2:
-        raise InvalidInput("token input must hold at least one sequence")
-    if offsets[0] != 0 or offsets[-1] != len(ids):
-        raise InvalidInput("offsets must start at 0 and end at the number of tokens")
-    lengths = np.diff(offsets)
-    if lengths.min() < 1:
-        raise InvalidInput(f"input[{int(np.argmin(lengths))}] is empty")
-    if lengths.max() > info.max_input_tokens:
-        i = int(np.argmax(lengths))
-        raise InvalidInput(
-            f"input[{i}] has {int(lengths[i])} tokens, over the model's limit of "
-            f"{info.max_input_tokens}"
-        )
-    if len(ids) and (ids.min() < 0 or ids.max() >= info.vocab_size):
-        raise InvalidInput(f"token ids must be in 0..{info.vocab_size - 1}")

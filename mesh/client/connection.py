@@ -53,6 +53,10 @@ class EmbedResult:
     prompt_tokens: int
     queue_ms: float = 0.0  # the longest broker queue wait among its chunks
     compute_ms: float = 0.0  # the worker compute time of the batches that carried it
+    # Per-hop durations in ms: the union over its chunks of RequestResult.timings (the largest
+    # value of each name: the slowest batch is the one the caller waited for), plus this
+    # client's "client_mesh" (submit sent → last chunk received).
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -68,6 +72,8 @@ class _Pending:
     prompt_tokens: int = 0
     queue_ms: float = 0.0
     compute_ms: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    sent_at: float = field(default_factory=time.perf_counter)
 
     def add(self, chunk: RequestResult) -> bool:
         """Store a chunk; True once every sequence has arrived."""
@@ -90,7 +96,17 @@ class _Pending:
             self.prompt_tokens += chunk.prompt_tokens
             self.queue_ms = max(self.queue_ms, chunk.queue_ms)
             self.compute_ms += chunk.compute_ms
+            for name, ms in chunk.timings.items():
+                if ms > self.timings.get(name, -1.0):
+                    self.timings[name] = ms
         return self.count == self.n
+
+    def result(self) -> EmbedResult:
+        assert self.out is not None
+        self.timings["client_mesh"] = (time.perf_counter() - self.sent_at) * 1000
+        return EmbedResult(
+            self.out, self.prompt_tokens, self.queue_ms, self.compute_ms, self.timings
+        )
 
 
 class BrokerConnection:
@@ -180,6 +196,7 @@ class BrokerConnection:
         except MeshError:
             self._finish(request.cid)
             raise
+        pending.sent_at = time.perf_counter()  # after the encode: "client_mesh" is the wire's
         return pending
 
     def next_cid(self) -> int:
@@ -250,15 +267,7 @@ class BrokerConnection:
             if pending is not None and pending.add(msg):
                 self._finish(msg.cid)
                 if not pending.future.done():
-                    assert pending.out is not None
-                    pending.future.set_result(
-                        EmbedResult(
-                            pending.out,
-                            pending.prompt_tokens,
-                            pending.queue_ms,
-                            pending.compute_ms,
-                        )
-                    )
+                    pending.future.set_result(pending.result())
         elif isinstance(msg, RequestError):
             pending = self._finish(msg.cid)
             if pending is not None and not pending.future.done():

@@ -1,21 +1,50 @@
-"""Tokenization off the event loop, with the catalog's tokenizer.
+"""Tokenization off the event loop, with the catalog's tokenizer, live work first.
 
-``tokenizers`` releases the GIL while it encodes, so a small thread pool tokenizes several
-requests at once while the event loop keeps serving. Sequences are cut at the model's limit by
-the tokenizer itself (so special tokens such as [SEP] stay, as sentence-transformers does); an
-over-long input is refused unless the caller asked for truncation.
+Three rules keep a huge or bulk input from costing more than it is allowed to:
+
+- **Cut before tokenizing.** No model reads more than ``max_input_tokens`` tokens, and no token
+  spans more than the vocabulary's longest entry in characters, so a text is first cut to
+  ``(max_input_tokens + 1) × longest entry`` characters. The cut piece is tokenized with
+  truncation at the limit; the result is the full text's (tokenized then truncated) exactly
+  when the piece overflowed and the kept tokens end at least one whole word (the tokenizer's
+  pre-tokenized words) before the piece's last word, which the cut may have split. Otherwise
+  (long runs of whitespace or of characters the tokenizer drops, one giant word) the bound
+  grows fourfold and the piece is tokenized again: at most a few passes, and all of them
+  together cost less than twice tokenizing the whole text once.
+- **Never twice.** An over-long input without truncation is refused from the cut piece ("more
+  than N tokens"): counting its tokens would mean tokenizing all of it.
+- **Release the GIL.** ``Tokenizer.encode`` (one text) holds the GIL for the whole encoding
+  (tokenizers 0.23: no ``py.detach`` around it; measured: a 3.7 s stall of every other thread
+  for a 2.6 MB text); ``encode_batch`` releases it. So every call is ``encode_batch``, ids are
+  gathered by C-level iteration, and jobs run on a ``PriorityExecutor``: INTERACTIVE before
+  BATCH, bulk requests split into chunks so that a query waits for one chunk at most.
+
+Special tokens ([CLS], [SEP], EOS) are added by the tokenizer's post-processor after the
+truncation, as sentence-transformers does.
 """
 
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+import itertools
+from collections.abc import Iterator
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
+from mesh.client.executor import PriorityExecutor
+from mesh.client.request import over_limit_message
 from mesh.errors import InvalidInput
-from proto_msgs import ModelInfo
+from proto_msgs import Lane, ModelInfo
+
+# A few vocabularies hold very long entries (runs of '=' or of spaces in byte-level BPE); the
+# bound uses at most this many characters per token, and the retry covers texts made of them.
+MAX_CHARS_PER_TOKEN = 32
+GROWTH = 4  # the bound's growth when a cut piece proved too short; 2..8 is reasonable
+# A tokenizer job: at most this many texts or (cut) characters, so that a query queued behind
+# bulk work waits for about a millisecond's worth of tokenizing per thread.
+CHUNK_TEXTS = 32
+CHUNK_CHARS = 32_768
 
 
 class ModelTokenizer:
@@ -28,39 +57,86 @@ class ModelTokenizer:
         # pads to 128): packed batches want neither.
         self._tok.no_padding()
         self._tok.enable_truncation(model.max_input_tokens)
-        self._full = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
-        self._full.no_padding()
-        self._full.no_truncation()
+        longest = max(map(len, self._tok.get_vocab(with_added_tokens=True)), default=1)
+        self.cut_chars = (model.max_input_tokens + 1) * min(longest, MAX_CHARS_PER_TOKEN)
 
-    def encode(self, texts: list[str], truncate: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Token ids (int32, concatenated) and offsets (int32, n+1) for ``texts``."""
-        encodings = (
-            self._tok.encode_batch(texts) if len(texts) > 1 else [self._tok.encode(texts[0])]
-        )
+    def encode(
+        self, texts: list[str], truncate: bool, first: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids (int32, concatenated) and lengths (int32) of ``texts``, which are inputs
+        ``first``, ``first + 1``, ... of their request (for error messages)."""
+        encodings = self.encode_cut(texts)
         if not truncate:
             for i, enc in enumerate(encodings):
                 if enc.overflowing:
-                    n = len(self._full.encode(texts[i]).ids)
-                    raise InvalidInput(
-                        f"input[{i}] has {n} tokens, over the model's limit of "
-                        f"{self.model.max_input_tokens}; shorten it or ask for truncation"
-                    )
-        lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int32, count=len(texts))
+                    raise InvalidInput(over_limit_message(first + i, self.model), param="input")
+        id_lists = [enc.ids for enc in encodings]
+        lengths = np.fromiter(map(len, id_lists), dtype=np.int32, count=len(id_lists))
         if lengths.min(initial=1) < 1:
-            raise InvalidInput("an input tokenizes to nothing")
-        offsets = np.zeros(len(texts) + 1, dtype=np.int32)
-        np.cumsum(lengths, out=offsets[1:])
+            i = first + int(np.argmin(lengths))
+            raise InvalidInput(f"input[{i}] tokenizes to nothing", param="input")
+        # chain.from_iterable iterates in C: no Python frame per token while holding the GIL.
         ids = np.fromiter(
-            (t for e in encodings for t in e.ids), dtype=np.int32, count=int(offsets[-1])
+            itertools.chain.from_iterable(id_lists), dtype=np.int32, count=int(lengths.sum())
         )
-        return ids, offsets
+        return ids, lengths
+
+    def encode_cut(self, texts: list[str]) -> list[Encoding]:
+        """Each text tokenized and truncated at the limit, tokenizing a bounded prefix."""
+        out: list[Encoding | None] = [None] * len(texts)
+        bounds = [self.cut_chars] * len(texts)
+        todo = list(range(len(texts)))
+        while todo:
+            pieces = [_prefix(texts[i], bounds[i]) for i in todo]
+            again = []
+            for i, piece, enc in zip(todo, pieces, self._tok.encode_batch(pieces), strict=True):
+                if len(piece) == len(texts[i]) or _settled(enc):
+                    out[i] = enc
+                else:
+                    bounds[i] *= GROWTH
+                    again.append(i)
+            todo = again
+        return out  # type: ignore[return-value]
+
+
+def _prefix(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[:chars]
+
+
+def _last_word(word_ids: list[int | None]) -> int:
+    return next((w for w in reversed(word_ids) if w is not None), -1)
+
+
+def _settled(enc: Encoding) -> bool:
+    """Whether a cut piece's truncated encoding is the full text's: it overflowed (so the text
+    holds more tokens than the limit) and its kept tokens end before the piece's last two
+    words (the last may be split by the cut; the one before it guards against a pre-tokenizer
+    whose split looks one character ahead)."""
+    rest = enc.overflowing
+    if not rest:
+        return False
+    return _last_word(enc.word_ids) < _last_word(rest[-1].word_ids) - 1
+
+
+def chunks(texts: list[str], cut_chars: int) -> Iterator[tuple[int, int]]:
+    """(start, end) spans of ``texts``: at most CHUNK_TEXTS texts or CHUNK_CHARS characters
+    (each text counted up to its cut) per span, at least one text."""
+    start, chars = 0, 0
+    for i, text in enumerate(texts):
+        size = min(len(text), cut_chars)
+        if i > start and (i - start >= CHUNK_TEXTS or chars + size > CHUNK_CHARS):
+            yield start, i
+            start, chars = i, 0
+        chars += size
+    if start < len(texts):
+        yield start, len(texts)
 
 
 class TokenizerPool:
-    """Tokenizers by digest, and the threads that run them."""
+    """Tokenizers by digest, and the threads that run them (live work first)."""
 
     def __init__(self, threads: int = 4) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
+        self._pool = PriorityExecutor(threads, "tokenize")
         self._by_digest: dict[str, ModelTokenizer] = {}
 
     def get(self, digest: str) -> ModelTokenizer | None:
@@ -72,10 +148,28 @@ class TokenizerPool:
         return tok
 
     async def encode(
-        self, tok: ModelTokenizer, texts: list[str], truncate: bool
+        self,
+        tok: ModelTokenizer,
+        texts: list[str],
+        truncate: bool,
+        priority: Lane = Lane.INTERACTIVE,
     ) -> tuple[np.ndarray, np.ndarray]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, tok.encode, texts, truncate)
+        """Ids and lengths of ``texts``, tokenized in chunks at ``priority``."""
+        jobs = [
+            asyncio.wrap_future(
+                self._pool.submit(int(priority), tok.encode, texts[a:b], truncate, a)
+            )
+            for a, b in chunks(texts, tok.cut_chars)
+        ]
+        try:
+            parts = await asyncio.gather(*jobs)
+        except BaseException:
+            for job in jobs:
+                job.cancel()  # chunks not started yet are skipped
+            raise
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()

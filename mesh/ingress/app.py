@@ -9,6 +9,16 @@ written as bytes straight from numpy); and it cancels a handler whose client hun
 FastAPI on uvicorn would add Starlette, pydantic and an ASGI layer for features this small,
 fixed surface does not use.
 
+One front door: the handler parses the body (``schema``), then the client resolves the model
+and validates (or tokenizes) once into a ``ValidRequest`` that it submits as it is; errors are
+typed ``MeshError``s mapped to HTTP in one place (``http_errors``). Live work first here too:
+tokenization runs on the client's priority executor, big responses render in slices.
+
+With ``X-Embedmesh-Timings: 1`` a response carries ``x-embedmesh-timings: name=ms,...``: the
+ingress's hops (``ingress_parse``: body read and parsed; ``ingress_tokenize``: validated and
+tokenized; ``ingress_render``; ``ingress_total``: handler start to response built), the client's
+``client_mesh`` and whatever the broker and worker reported for the request.
+
 Routes: ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /v1/models/{model}``, ``GET /health``,
 ``GET /metrics``. With an API key set, ``/v1/*`` needs ``Authorization: Bearer KEY``;
 ``/health`` and ``/metrics`` stay open. Errors: ``mesh.ingress.http_errors``.
@@ -28,23 +38,24 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from mesh.client import MeshClient
+from mesh.client import MeshClient, ValidRequest
+from mesh.client.request import INTERACTIVE_MAX_TOKENS
 from mesh.errors import MeshError, ProtocolViolation
 from mesh.ingress.catalog import Catalog
 from mesh.ingress.config import IngressConfig
-from mesh.ingress.encodings import ENCODINGS, render_embeddings
+from mesh.ingress.encodings import ENCODINGS, render_embeddings_sliced
 from mesh.ingress.http_errors import CLIENT_CLOSED, ApiError, error_response
 from mesh.ingress.metrics import CONTENT_TYPE, IngressMetrics
-from mesh.ingress.schema import EmbeddingsRequest, check_for_model, parse_embeddings_request
+from mesh.ingress.schema import PRIORITY_HEADER, EmbeddingsRequest, parse_embeddings_request
 from proto_msgs import OUTPUT_KINDS, Lane, ModelInfo
 
 log = logging.getLogger("embedmesh.ingress")
 
-# Requests of more tokens than this go to the broker's BATCH lane, smaller ones to INTERACTIVE.
-# 1024 tokens is a handful of passages or dozens of queries: an eighth of a CPU batch budget
-# (8192), so interactive work always fits beside other work in the next batch, while bulk
-# indexing requests (thousands of tokens) queue behind it. Aging keeps the batch lane moving.
-INTERACTIVE_MAX_TOKENS = 1024
+# INTERACTIVE_MAX_TOKENS (the default lane's size rule) lives with the client's validation,
+# which picks the lane; it is re-exported here, where the README's readers look for it.
+__all__ = ["INTERACTIVE_MAX_TOKENS", "STATE", "TIMINGS_HEADER", "create_app"]
+# Ask with "X-Embedmesh-Timings: 1"; the answer's header has the same name.
+TIMINGS_HEADER = "X-Embedmesh-Timings"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -162,31 +173,65 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def _embeddings(request: web.Request) -> web.Response:
     state = request.app[STATE]
     cfg, metrics = state.cfg, state.metrics
-    req = parse_embeddings_request(await _read_body(request, cfg.max_body_bytes), cfg.max_inputs)
-    info = state.catalog.resolve(req.model)
-    check_for_model(req, info.dims, info.vocab_size, info.max_input_tokens, cfg.auto_truncate)
-    ids, offsets = await _tokens(state, req, info)
-    lane = Lane.BATCH if len(ids) > INTERACTIVE_MAX_TOKENS else Lane.INTERACTIVE
-    kind = ENCODINGS[req.encoding_format]
     start = time.perf_counter()
-    result = await state.client.embed_tokens(
-        ids, offsets, info.name, dims=req.dimensions, kind=kind, lane=lane,
-        timeout_s=cfg.request_timeout_s,
-    )  # fmt: skip
-    lane_name = "batch" if lane == Lane.BATCH else "interactive"
-    metrics.mesh.labels(info.name, lane_name).observe(time.perf_counter() - start)
-    metrics.queue.labels(info.name, lane_name).observe(result.queue_ms / 1000)
-    metrics.inference.labels(info.name, lane_name).observe(result.compute_ms / 1000)
+    body = await _read_body(request, cfg.max_body_bytes)
+    req = parse_embeddings_request(body, cfg.max_inputs, request.headers.get(PRIORITY_HEADER))
+    parsed = time.perf_counter()
+    valid = await _front_door(state, req)
+    prepared = time.perf_counter()
+    if req.texts is not None:
+        metrics.tokenize.observe(prepared - parsed)
+    result = await state.client.submit(valid, cfg.request_timeout_s)
+    meshed = time.perf_counter()
+    name = valid.model.name
+    lane_name = "batch" if valid.lane == Lane.BATCH else "interactive"
+    metrics.mesh.labels(name, lane_name).observe(meshed - prepared)
+    metrics.queue.labels(name, lane_name).observe(result.queue_ms / 1000)
+    metrics.inference.labels(name, lane_name).observe(result.compute_ms / 1000)
     embeddings = result.embeddings
-    if embeddings.dtype != np.dtype(OUTPUT_KINDS[kind]) or len(embeddings) != req.n_inputs:
+    kind = valid.output.kind
+    if embeddings.dtype != np.dtype(OUTPUT_KINDS[kind]) or len(embeddings) != valid.n:
         raise ProtocolViolation(
-            f"the mesh answered {embeddings.dtype} {embeddings.shape} for {req.n_inputs} "
+            f"the mesh answered {embeddings.dtype} {embeddings.shape} for {valid.n} "
             f"inputs of kind {kind}"
         )
-    metrics.prompt_tokens.labels(info.name).inc(result.prompt_tokens)
-    metrics.inputs.labels(info.name).inc(req.n_inputs)
-    body = render_embeddings(embeddings, req.encoding_format, info.name, result.prompt_tokens)
-    return web.Response(body=body, content_type="application/json")
+    metrics.prompt_tokens.labels(name).inc(result.prompt_tokens)
+    metrics.inputs.labels(name).inc(valid.n)
+    out = await render_embeddings_sliced(
+        embeddings, req.encoding_format, name, result.prompt_tokens
+    )
+    headers = None
+    if request.headers.get(TIMINGS_HEADER, "").strip().lower() in ("1", "true"):
+        done = time.perf_counter()
+        hops = {
+            "ingress_parse": parsed - start,
+            "ingress_tokenize": prepared - parsed,
+            "ingress_render": done - meshed,
+            "ingress_total": done - start,
+        }
+        headers = {TIMINGS_HEADER.lower(): timings_header(hops, result.timings)}
+    return web.Response(body=out, content_type="application/json", headers=headers)
+
+
+async def _front_door(state: IngressState, req: EmbeddingsRequest) -> ValidRequest:
+    """The client resolves the model and validates (tokenizing texts) once."""
+    options = {
+        "dims": req.dimensions,
+        "kind": ENCODINGS[req.encoding_format],
+        "lane": req.lane,
+        "truncate": state.cfg.auto_truncate,
+    }
+    if req.texts is not None:
+        return await state.client.prepare_texts(req.texts, req.model, **options)
+    assert req.token_ids is not None and req.offsets is not None
+    return state.client.prepare_tokens(req.token_ids, req.offsets, req.model, **options)
+
+
+def timings_header(ingress_s: dict[str, float], mesh_ms: dict[str, float]) -> str:
+    """``name=ms,...``: the mesh's hops (already in ms), then the ingress's (in seconds)."""
+    parts = [f"{name}={ms:.3f}" for name, ms in mesh_ms.items()]
+    parts += [f"{name}={s * 1000:.3f}" for name, s in ingress_s.items()]
+    return ",".join(parts)
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
@@ -199,24 +244,6 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         raise too_large from None
 
 
-async def _tokens(
-    state: IngressState, req: EmbeddingsRequest, info: ModelInfo
-) -> tuple[np.ndarray, np.ndarray]:
-    """int32 ids and offsets: tokenized texts (off the loop), or the ids given."""
-    if req.texts is None:
-        assert req.token_ids is not None and req.offsets is not None
-        return req.token_ids.astype(np.int32), req.offsets.astype(np.int32)
-    start = time.perf_counter()
-    try:
-        ids, offsets = await state.client.tokenize(
-            req.texts, info.name, truncate=state.cfg.auto_truncate
-        )
-    except MeshError as exc:
-        raise ApiError.from_mesh(exc, param="input") from None
-    state.metrics.tokenize.observe(time.perf_counter() - start)
-    return ids, offsets
-
-
 # ---- models, health, metrics ------------------------------------------------------------------
 
 
@@ -224,7 +251,7 @@ def _model_card(state: IngressState, info: ModelInfo) -> dict[str, object]:
     return {
         "id": info.name,
         "object": "model",
-        "created": state.catalog.first_seen.get(info.name, 0),
+        "created": state.catalog.created(info.name),
         "owned_by": "embedmesh",
         "aliases": info.aliases,
         "dimensions": info.dims,
@@ -241,7 +268,7 @@ async def _list_models(request: web.Request) -> web.Response:
 
 async def _get_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    return _json(_model_card(state, state.catalog.resolve(request.match_info["model"])))
+    return _json(_model_card(state, state.client.resolve(request.match_info["model"])))
 
 
 async def _health(request: web.Request) -> web.Response:

@@ -18,12 +18,17 @@ float32 in its shortest round-tripping form), the base64 formats encode each row
   byte 0); ``ceil(d / 8)`` bytes, the unused high bits of the last byte zero. Compare with
   Hamming distance. Decode: ``np.unpackbits(b, bitorder="little")[:d]``. Workers pack MSB
   first (``np.packbits``' default); the ingress reverses the bits of each byte with a table.
+
+Big responses are rendered in slices of about ``SLICE_VALUES`` numbers, the event loop free
+between them (``render_embeddings_sliced``): orjson holds the GIL for a whole call, so a thread
+would not free the loop, while a 2048 × 1024 float response is ~40 ms of orjson in one call.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import orjson
@@ -40,22 +45,49 @@ ENCODINGS: dict[str, str] = {
 _BIT_REVERSED = np.array([int(f"{b:08b}"[::-1], 2) for b in range(256)], dtype=np.uint8)
 
 
+# About 1 ms of rendering per slice (float rows; base64 is faster): a query waiting on the
+# loop behind a bulk response waits for one slice, not the whole body.
+SLICE_VALUES = 65_536
+
+
 def render_embeddings(
     embeddings: np.ndarray, encoding_format: str, model: str, prompt_tokens: int
 ) -> bytes:
-    """The OpenAI response body for ``embeddings`` (rows in input order)."""
-    rows = _ROWS[encoding_format](embeddings)
-    return orjson.dumps(
-        {
-            "object": "list",
-            "data": [
-                {"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)
-            ],
-            "model": model,
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-        },
-        option=orjson.OPT_SERIALIZE_NUMPY,
-    )
+    """The OpenAI response body for ``embeddings`` (rows in input order), in one go."""
+    return b"".join(_body_parts(embeddings, encoding_format, model, prompt_tokens))
+
+
+async def render_embeddings_sliced(
+    embeddings: np.ndarray, encoding_format: str, model: str, prompt_tokens: int
+) -> bytes:
+    """The same bytes as ``render_embeddings``, yielding to the event loop between slices."""
+    if embeddings.size <= SLICE_VALUES:  # one slice: nothing to interleave with
+        return render_embeddings(embeddings, encoding_format, model, prompt_tokens)
+    parts = []
+    for part in _body_parts(embeddings, encoding_format, model, prompt_tokens):
+        parts.append(part)
+        await asyncio.sleep(0)
+    return b"".join(parts)
+
+
+def _body_parts(
+    embeddings: np.ndarray, encoding_format: str, model: str, prompt_tokens: int
+) -> Iterator[bytes]:
+    """``{"object":"list","data":[`` slices ``],"model":...,"usage":{...}}``, byte for byte
+    what one ``orjson.dumps`` of the whole document writes."""
+    to_rows = _ROWS[encoding_format]
+    step = max(1, SLICE_VALUES // max(1, embeddings.shape[1]))
+    yield b'{"object":"list","data":['
+    for start in range(0, len(embeddings), step):
+        rows = to_rows(embeddings[start : start + step])
+        data = [
+            {"object": "embedding", "index": start + i, "embedding": row}
+            for i, row in enumerate(rows)
+        ]
+        comma = b"," if start else b""
+        yield comma + orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+    usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+    yield b'],"model":' + orjson.dumps(model) + b',"usage":' + orjson.dumps(usage) + b"}"
 
 
 def _float_rows(x: np.ndarray) -> np.ndarray:

@@ -83,6 +83,7 @@ class ApiError(Exception):
         status, type_, code = STATUS_BY_CODE.get(exc.code, STATUS_BY_CODE[ErrorCode.INTERNAL])
         if exc.code is ErrorCode.MODEL_NOT_FOUND:
             param = "model"
+        param = exc.param or param
         return cls(status, exc.message, type_, code, param, exc.retry_after_s)
 
     @classmethod

@@ -1,9 +1,13 @@
 """``POST /v1/embeddings`` bodies: parsed and checked by hand, without a model-validation layer.
 
 The checks that need no catalog happen here (shape, types, emptiness, counts, enum values);
-those that need the model (``dimensions`` range, token limit, vocabulary) happen once the model
-is resolved. Status codes follow ``mesh.ingress.http_errors``: 400 unreadable, 422 invalid, 413
-too many inputs.
+those that need the model (``dimensions`` range, token limit, vocabulary) happen once, in the
+client's front door (``mesh.client.request``), once the model is resolved. Status codes follow
+``mesh.ingress.http_errors``: 400 unreadable, 422 invalid, 413 too many inputs.
+
+``priority`` (``"interactive"`` | ``"batch"``) picks the lane explicitly; so does the
+``X-Embedmesh-Priority`` header (the body wins when both are given). Without either, the lane
+follows the request's size.
 """
 
 from __future__ import annotations
@@ -15,6 +19,11 @@ import orjson
 
 from mesh.ingress.encodings import ENCODINGS
 from mesh.ingress.http_errors import ApiError
+from proto_msgs import Lane
+
+PRIORITY_HEADER = "X-Embedmesh-Priority"
+# The values of the body's ``priority`` and of the header: the lane each asks for.
+PRIORITIES: dict[str, Lane] = {"interactive": Lane.INTERACTIVE, "batch": Lane.BATCH}
 
 
 @dataclass
@@ -24,6 +33,7 @@ class EmbeddingsRequest:
     model: str
     encoding_format: str  # a key of ENCODINGS
     dimensions: int | None
+    lane: Lane | None = None  # the client's choice; None: by size
     texts: list[str] | None = None
     token_ids: np.ndarray | None = None  # int64, all sequences concatenated
     offsets: np.ndarray | None = None  # int64, n + 1 entries
@@ -36,7 +46,9 @@ class EmbeddingsRequest:
         return len(self.offsets) - 1
 
 
-def parse_embeddings_request(body: bytes, max_inputs: int) -> EmbeddingsRequest:
+def parse_embeddings_request(
+    body: bytes, max_inputs: int, priority_header: str | None = None
+) -> EmbeddingsRequest:
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -55,6 +67,7 @@ def parse_embeddings_request(body: bytes, max_inputs: int) -> EmbeddingsRequest:
         model=model,
         encoding_format=_encoding_format(doc.get("encoding_format")),
         dimensions=_dimensions(doc.get("dimensions")),
+        lane=_lane(doc.get("priority"), priority_header),
     )
     if "input" not in doc:
         raise ApiError.invalid("'input' is required", "input")
@@ -71,6 +84,23 @@ def _encoding_format(value: object) -> str:
             "encoding_format",
         )
     return value
+
+
+def _lane(body_value: object, header_value: str | None) -> Lane | None:
+    if body_value is not None:
+        return _priority(body_value, "'priority'", "priority")
+    if header_value is not None:
+        return _priority(header_value.strip().lower(), f"the {PRIORITY_HEADER} header", None)
+    return None
+
+
+def _priority(value: object, where: str, param: str | None) -> Lane:
+    if not isinstance(value, str) or value not in PRIORITIES:
+        raise ApiError.invalid(
+            f"{where} must be one of {', '.join(PRIORITIES)}; got {value!r}",
+            param or PRIORITY_HEADER,
+        )
+    return PRIORITIES[value]
 
 
 def _dimensions(value: object) -> int | None:
@@ -174,53 +204,3 @@ def _json_type(value: object) -> str:
         list: "a list",
         dict: "an object",
     }.get(type(value), type(value).__name__)
-
-
-def check_for_model(
-    request: EmbeddingsRequest, model_dims: int, vocab_size: int, max_tokens: int, truncate: bool
-) -> None:
-    """The checks that need the model: ``dimensions`` range; token ids in the vocabulary and
-    within the input limit (cut there when ``truncate``, else 422 naming the limit)."""
-    if request.dimensions is not None and request.dimensions > model_dims:
-        raise ApiError.invalid(
-            f"'dimensions' must be between 1 and {model_dims} for model {request.model!r}; "
-            f"got {request.dimensions}",
-            "dimensions",
-        )
-    if request.token_ids is None:
-        return
-    ids, offsets = request.token_ids, request.offsets
-    assert offsets is not None
-    # Checked in int64, before any narrowing cast could wrap a huge id into the vocabulary.
-    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        bad = int(np.flatnonzero((ids < 0) | (ids >= vocab_size))[0])
-        raise ApiError.invalid(
-            f"token id {int(ids[bad])} is outside the vocabulary of {request.model!r} "
-            f"(0..{vocab_size - 1})",
-            "input",
-        )
-    lengths = np.diff(offsets)
-    if int(lengths.max()) <= max_tokens:
-        return
-    if not truncate:
-        i = int(np.argmax(lengths > max_tokens))
-        raise ApiError.invalid(
-            f"input[{i}] has {int(lengths[i])} tokens, over the limit of {max_tokens} tokens "
-            f"of model {request.model!r}; shorten it (or start the server with --auto-truncate)",
-            "input",
-        )
-    request.token_ids, request.offsets = truncate_tokens(ids, offsets, max_tokens)
-
-
-def truncate_tokens(
-    ids: np.ndarray, offsets: np.ndarray, max_tokens: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Keep the first ``max_tokens`` ids of each sequence."""
-    starts = offsets[:-1]
-    lengths = np.minimum(np.diff(offsets), max_tokens)
-    new_offsets = np.zeros_like(offsets)
-    np.cumsum(lengths, out=new_offsets[1:])
-    # Index of every kept id: its sequence's start plus its position within the sequence.
-    seq_of = np.repeat(np.arange(len(lengths)), lengths)
-    pos = np.arange(int(new_offsets[-1])) - new_offsets[:-1][seq_of]
-    return ids[starts[seq_of] + pos], new_offsets

@@ -11,7 +11,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from mesh import errors
-from mesh.client import EmbedResult, MeshClient
+from mesh.client import EmbedResult, MeshClient, ValidRequest
+from mesh.client.models import ModelBook
+from mesh.client.request import output_options, over_limit_message, valid_tokenized
 from mesh.ingress.app import INTERACTIVE_MAX_TOKENS, create_app
 from mesh.ingress.config import IngressConfig
 from proto_msgs import BrokerStats, Lane, ModelInfo
@@ -33,7 +35,8 @@ class FakeBroker:
 
 
 class FakeClient:
-    """Tokenizes words to ids, embeds each sequence as a one-hot of its length."""
+    """Tokenizes words to ids, embeds each sequence as a one-hot of its length. Resolution,
+    validation of token ids and "seen" are the real client's code."""
 
     def __init__(self) -> None:
         self.brokers = [FakeBroker()]
@@ -42,26 +45,36 @@ class FakeClient:
         self.calls: list[dict] = []
         self.block: asyncio.Event | None = None
         self.cancelled = asyncio.Event()
-        self._seen: dict[str, ModelInfo] = {}
+        self.seen = ModelBook()
 
-    def models(self) -> list[ModelInfo]:
+    def _served(self) -> list[ModelInfo]:
         return [MODEL] if self.served and self.brokers[0].alive else []
 
-    # The real client's rule (unknown → 404, seen but workerless or no broker → 503), so these
-    # tests check the ingress against what the mesh client actually decides.
+    def models(self) -> list[ModelInfo]:
+        served = self._served()
+        self.seen.note(served)
+        return served
+
+    # The real client's rules (unknown → 404, seen but workerless or no broker → 503; the one
+    # validation of token ids), so these tests check the ingress against what the client does.
     resolve = MeshClient.resolve
+    prepare_tokens = MeshClient.prepare_tokens
 
-    async def tokenize(self, texts: list[str], model: str, *, truncate: bool = False):
+    async def prepare_texts(self, texts, model, *, dims=None, normalize=True, kind="float32",
+                            lane=None, truncate=False) -> ValidRequest:  # fmt: skip
+        info = self.resolve(model)
+        output = output_options(info, dims, normalize, kind)
         seqs = [[len(w) % 100 for w in t.split()] or [1] for t in texts]
-        for i, s in enumerate(seqs):
-            if len(s) > MODEL.max_input_tokens and not truncate:
-                raise errors.InvalidInput(f"input[{i}] has {len(s)} tokens, over 16")
-        seqs = [s[: MODEL.max_input_tokens] for s in seqs]
-        offsets = np.cumsum([0] + [len(s) for s in seqs]).astype(np.int32)
-        return np.array([t for s in seqs for t in s], dtype=np.int32), offsets
+        for i, seq in enumerate(seqs):
+            if len(seq) > info.max_input_tokens and not truncate:
+                raise errors.InvalidInput(over_limit_message(i, info), param="input")
+        seqs = [seq[: info.max_input_tokens] for seq in seqs]
+        ids = np.array([t for seq in seqs for t in seq], dtype=np.int32)
+        lengths = np.array([len(seq) for seq in seqs], dtype=np.int32)
+        return valid_tokenized(info, ids, lengths, output, lane)
 
-    async def embed_tokens(self, ids, offsets, model, **kw) -> EmbedResult:
-        self.calls.append({"ids": ids, "offsets": offsets, "model": model, **kw})
+    async def submit(self, request: ValidRequest, timeout_s: float | None = None) -> EmbedResult:
+        self.calls.append({"request": request, "timeout_s": timeout_s})
         if self.block is not None:
             try:
                 await self.block.wait()
@@ -70,15 +83,14 @@ class FakeClient:
                 raise
         if self.error is not None:
             raise self.error
-        n = len(offsets) - 1
-        out = np.zeros((n, kw.get("dims") or MODEL.dims), dtype=np.float32)
-        out[np.arange(n), np.minimum(np.diff(offsets), out.shape[1]) - 1] = 1.0
-        kind = kw.get("kind", "float32")
-        if kind == "int8":
+        n, opts = request.n, request.output
+        out = np.zeros((n, opts.dims or MODEL.dims), dtype=np.float32)
+        out[np.arange(n), np.minimum(request.lengths, out.shape[1]) - 1] = 1.0
+        if opts.kind == "int8":
             out = (out * 127).astype(np.int8)
-        elif kind == "binary":
+        elif opts.kind == "binary":
             out = np.packbits(out > 0, axis=1)
-        return EmbedResult(out, int(len(ids)))
+        return EmbedResult(out, request.tokens, timings={"worker_compute": 0.5})
 
 
 @pytest.fixture
@@ -106,13 +118,14 @@ async def test_embeddings_answers_in_input_order_with_usage(http: TestClient, fa
     doc = await resp.json()
     assert doc["model"] == "tiny" and doc["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
     assert [int(np.argmax(d["embedding"])) for d in doc["data"]] == [1, 0]
-    assert fake.calls[0]["lane"] == Lane.INTERACTIVE and fake.calls[0]["kind"] == "float32"
+    sent = fake.calls[0]["request"]
+    assert sent.lane == Lane.INTERACTIVE and sent.output.kind == "float32"
 
 
 async def test_large_requests_go_to_the_batch_lane(http: TestClient, fake) -> None:
     texts = ["w " * 16] * (INTERACTIVE_MAX_TOKENS // 16 + 1)
     resp = await http.post("/v1/embeddings", json={"model": "tiny", "input": texts})
-    assert resp.status == 200 and fake.calls[0]["lane"] == Lane.BATCH
+    assert resp.status == 200 and fake.calls[0]["request"].lane == Lane.BATCH
 
 
 async def test_encoding_and_dimensions_reach_the_mesh(http: TestClient, fake) -> None:
@@ -120,9 +133,9 @@ async def test_encoding_and_dimensions_reach_the_mesh(http: TestClient, fake) ->
             "dimensions": 4}  # fmt: skip
     resp = await http.post("/v1/embeddings", json=body)
     assert resp.status == 200
-    call = fake.calls[0]
-    assert call["kind"] == "binary" and call["dims"] == 4
-    assert call["ids"].dtype == np.int32 and call["ids"].tolist() == [5, 6, 7]
+    sent = fake.calls[0]["request"]
+    assert sent.output.kind == "binary" and sent.output.dims == 4
+    assert sent.token_ids.dtype == np.int32 and sent.token_ids.tolist() == [5, 6, 7]
 
 
 async def error_of(resp) -> dict:

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
 import orjson
 import pytest
 
 from mesh.ingress.http_errors import ApiError
-from mesh.ingress.schema import (
-    EmbeddingsRequest,
-    check_for_model,
-    parse_embeddings_request,
-    truncate_tokens,
-)
+from mesh.ingress.schema import EmbeddingsRequest, parse_embeddings_request
+from proto_msgs import Lane
 
 MAX_INPUTS = 8
 
@@ -110,6 +105,9 @@ def test_a_body_that_is_not_an_object_is_400(doc: object) -> None:
         ({"model": "m", "input": "x", "dimensions": "64"}, "dimensions"),
         ({"model": "m", "input": "x", "dimensions": True}, "dimensions"),
         ({"model": "m", "input": "x", "user": 7}, "user"),
+        ({"model": "m", "input": "x", "priority": "urgent"}, "priority"),
+        ({"model": "m", "input": "x", "priority": 0}, "priority"),
+        ({"model": "m", "input": "x", "priority": "Interactive"}, "priority"),
     ],
 )
 def test_a_field_that_breaks_the_contract_is_422_naming_it(doc: object, param: str) -> None:
@@ -130,50 +128,32 @@ def test_exactly_the_most_inputs_allowed_passes() -> None:
     assert parse({"model": "m", "input": ["a"] * MAX_INPUTS}).n_inputs == MAX_INPUTS
 
 
-# ---- checks that need the model --------------------------------------------------------------
-
-
-def model_check(req: EmbeddingsRequest, truncate: bool = False) -> None:
-    check_for_model(req, model_dims=384, vocab_size=1000, max_tokens=4, truncate=truncate)
-
-
-def test_dimensions_over_the_models_width_are_422_naming_the_width() -> None:
-    req = parse({"model": "m", "input": "x", "dimensions": 385})
-    with pytest.raises(ApiError) as info:
-        model_check(req)
-    assert info.value.status == 422 and info.value.param == "dimensions"
-    assert "384" in info.value.message
-    model_check(parse({"model": "m", "input": "x", "dimensions": 384}))
-
-
-@pytest.mark.parametrize("bad", [-1, 1000, 2**40])
-def test_token_ids_outside_the_vocabulary_are_422(bad: int) -> None:
-    with pytest.raises(ApiError) as info:
-        model_check(parse({"model": "m", "input": [[1, 2], [3, bad]]}))
-    assert info.value.status == 422 and str(bad) in info.value.message
-
-
-def test_too_many_token_ids_are_422_naming_the_limit() -> None:
-    with pytest.raises(ApiError) as info:
-        model_check(parse({"model": "m", "input": [[1, 2], [1, 2, 3, 4, 5, 6]]}))
-    assert info.value.status == 422 and "input[1]" in info.value.message
-    assert "limit of 4 tokens" in info.value.message
-
-
-def test_auto_truncate_cuts_token_ids_at_the_limit() -> None:
-    req = parse({"model": "m", "input": [[1, 2], [1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11]]})
-    model_check(req, truncate=True)
-    assert req.token_ids.tolist() == [1, 2, 1, 2, 3, 4, 7, 8, 9, 10]
-    assert req.offsets.tolist() == [0, 2, 6, 10]
-
-
-def test_truncate_tokens_keeps_short_sequences_whole() -> None:
-    ids = np.arange(10)
-    offsets = np.array([0, 1, 9, 10])
-    new_ids, new_offsets = truncate_tokens(ids, offsets, 3)
-    assert new_ids.tolist() == [0, 1, 2, 3, 9] and new_offsets.tolist() == [0, 1, 4, 5]
-
-
 def test_a_token_id_too_big_for_json_integers_is_422() -> None:
     err = refused(None, b'{"model": "m", "input": [1180591620717411303424]}')
     assert err.status == 422 and err.param == "input"
+
+
+def test_without_a_priority_the_lane_is_left_to_the_size() -> None:
+    assert parse({"model": "m", "input": "x"}).lane is None
+
+
+@pytest.mark.parametrize(
+    ("value", "lane"), [("interactive", Lane.INTERACTIVE), ("batch", Lane.BATCH)]
+)
+def test_the_priority_field_picks_the_lane(value: str, lane: Lane) -> None:
+    assert parse({"model": "m", "input": "x", "priority": value}).lane == lane
+
+
+def test_the_priority_header_picks_the_lane_and_the_body_wins() -> None:
+    body = orjson.dumps({"model": "m", "input": "x"})
+    assert parse_embeddings_request(body, MAX_INPUTS, " Batch ").lane == Lane.BATCH
+    both = orjson.dumps({"model": "m", "input": "x", "priority": "interactive"})
+    assert parse_embeddings_request(both, MAX_INPUTS, "batch").lane == Lane.INTERACTIVE
+
+
+def test_a_bad_priority_header_is_422_naming_the_header() -> None:
+    with pytest.raises(ApiError) as info:
+        parse_embeddings_request(orjson.dumps({"model": "m", "input": "x"}), MAX_INPUTS, "soon")
+    err = info.value
+    assert err.status == 422 and err.param == "X-Embedmesh-Priority"
+    assert "interactive, batch" in err.message and "'soon'" in err.message

@@ -1,0 +1,156 @@
+"""The front door's one validation: a request becomes a ``ValidRequest`` once, and later layers
+trust it (TEI's ``ValidEncoding``, vLLM's ``EngineCoreRequest``).
+
+A ``ValidRequest`` carries the resolved model card and everything ready to send: int32 ids and
+offsets, the per-sequence lengths (computed once, here), the output options and the lane.
+``MeshClient.submit`` sends it without resolving or checking again; the broker re-checks only the
+cheap invariants of what arrives on its socket (its own trust boundary).
+
+Two ways in: ``valid_tokens`` for ids a caller gives (every check, once each), and
+``valid_tokenized`` for ids our tokenizer produced (in the vocabulary and within the limit by
+construction, so only the options are checked).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mesh.errors import InvalidInput
+from proto_msgs import OUTPUT_KINDS, Lane, ModelInfo, OutputOptions
+
+# Requests of more tokens than this go to the broker's BATCH lane, smaller ones to INTERACTIVE,
+# unless the caller chose. 1024 tokens is a handful of passages or dozens of queries: an eighth
+# of a CPU batch budget (8192), so interactive work always fits beside other work in the next
+# batch, while bulk indexing requests (thousands of tokens) queue behind it.
+INTERACTIVE_MAX_TOKENS = 1024
+# Before tokenizing, the lane of a text request is guessed from its characters (for the
+# tokenizer's own priority): English averages about 4 characters per WordPiece/BPE token.
+CHARS_PER_TOKEN_GUESS = 4
+
+
+@dataclass(frozen=True)
+class ValidRequest:
+    """A request checked against its model, ready to be sent as one SubmitRequest."""
+
+    model: ModelInfo
+    token_ids: np.ndarray  # int32, all sequences concatenated
+    offsets: np.ndarray  # int32, n + 1 entries
+    lengths: np.ndarray  # int32, n entries, each in 1..model.max_input_tokens
+    output: OutputOptions
+    lane: Lane
+
+    @property
+    def n(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def lane_for(tokens: int, chosen: int | None) -> Lane:
+    """The caller's lane when it chose one, else by size."""
+    if chosen is not None:
+        return Lane(chosen)
+    return Lane.BATCH if tokens > INTERACTIVE_MAX_TOKENS else Lane.INTERACTIVE
+
+
+def guess_lane(texts: list[str], chosen: int | None) -> Lane:
+    """The lane a text request will likely get, before it is tokenized."""
+    if chosen is not None:
+        return Lane(chosen)
+    return lane_for(sum(map(len, texts)) // CHARS_PER_TOKEN_GUESS, None)
+
+
+def output_options(model: ModelInfo, dims: int | None, normalize: bool, kind: str) -> OutputOptions:
+    if kind not in OUTPUT_KINDS:
+        raise InvalidInput(
+            f"unknown output kind {kind!r}; use one of {sorted(OUTPUT_KINDS)}", param="kind"
+        )
+    if dims is not None and not 1 <= dims <= model.dims:
+        raise InvalidInput(
+            f"'dimensions' must be between 1 and {model.dims} for model {model.name!r}; got {dims}",
+            param="dimensions",
+        )
+    return OutputOptions(dims=dims, normalize=normalize, kind=kind)
+
+
+def valid_tokens(
+    model: ModelInfo,
+    token_ids: np.ndarray,
+    offsets: np.ndarray,
+    output: OutputOptions,
+    lane: int | None,
+    truncate: bool,
+) -> ValidRequest:
+    """Ids a caller gave: shape, vocabulary, lengths (cut at the limit when ``truncate``, else
+    refused), each checked once."""
+    raw = np.asarray(token_ids)
+    offsets = np.asarray(offsets)
+    if raw.ndim != 1 or offsets.ndim != 1 or len(offsets) < 2:
+        raise InvalidInput("token input must hold at least one sequence", param="input")
+    if not (np.issubdtype(raw.dtype, np.integer) or raw.size == 0):
+        raise InvalidInput("token ids must be integers", param="input")
+    if int(offsets[0]) != 0 or int(offsets[-1]) != len(raw):
+        raise InvalidInput("offsets must start at 0 and end at the number of tokens", param="input")
+    # In the caller's width, before the int32 cast could wrap 2**32 + 5 into the vocabulary.
+    if raw.size and (int(raw.min()) < 0 or int(raw.max()) >= model.vocab_size):
+        bad = int(np.flatnonzero((raw < 0) | (raw >= model.vocab_size))[0])
+        raise InvalidInput(
+            f"token id {int(raw[bad])} is outside the vocabulary of {model.name!r} "
+            f"(0..{model.vocab_size - 1})",
+            param="input",
+        )
+    lengths = np.diff(offsets.astype(np.int64))
+    if int(lengths.min()) < 1:
+        raise InvalidInput(f"input[{int(np.argmin(lengths))}] is empty", param="input")
+    ids = np.ascontiguousarray(raw, dtype=np.int32)
+    offsets = np.ascontiguousarray(offsets, dtype=np.int32)
+    limit = model.max_input_tokens
+    if int(lengths.max()) > limit:
+        if not truncate:
+            i = int(np.argmax(lengths > limit))
+            raise InvalidInput(over_limit_message(i, model, int(lengths[i])), param="input")
+        ids, offsets, lengths = truncate_tokens(ids, offsets, lengths, limit)
+    lengths = lengths.astype(np.int32)
+    return ValidRequest(model, ids, offsets, lengths, output, lane_for(len(ids), lane))
+
+
+def valid_tokenized(
+    model: ModelInfo,
+    token_ids: np.ndarray,
+    lengths: np.ndarray,
+    output: OutputOptions,
+    lane: int | None,
+) -> ValidRequest:
+    """Ids our tokenizer produced (int32, lengths in 1..limit by construction)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return ValidRequest(model, token_ids, offsets, lengths, output, lane_for(len(token_ids), lane))
+
+
+def over_limit_message(i: int, model: ModelInfo, tokens: int | None = None) -> str:
+    """One wording for an over-long input, whether its exact length is known or not (texts are
+    cut before tokenizing, so theirs is not: counting would mean tokenizing all of it)."""
+    count = f"{tokens} tokens, more than" if tokens is not None else "more than"
+    return (
+        f"input[{i}] has {count} {model.max_input_tokens} tokens, the limit of model "
+        f"{model.name!r}; shorten it or ask for truncation (the server's --auto-truncate, "
+        f"or MeshClient's truncate=True)"
+    )
+
+
+def truncate_tokens(
+    ids: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, max_tokens: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Keep the first ``max_tokens`` ids of each sequence."""
+    starts = offsets[:-1]
+    kept = np.minimum(lengths, max_tokens)
+    new_offsets = np.zeros(len(offsets), dtype=np.int32)
+    np.cumsum(kept, out=new_offsets[1:])
+    # Index of every kept id: its sequence's start plus its position within the sequence.
+    seq_of = np.repeat(np.arange(len(kept)), kept)
+    pos = np.arange(int(new_offsets[-1])) - new_offsets[:-1][seq_of]
+    return ids[starts[seq_of] + pos], new_offsets, kept
