@@ -230,27 +230,17 @@ def _hops(
     label: str, spawn_args: str | None, mesh: SpawnedMesh | None, target: Target, o: dict[str, Any]
 ) -> dict[str, Any]:
     """``--mode hops``: the same query through the engine alone, MeshClient and HTTP."""
-    query, count = o["hops_query"], o["latency_requests"]
     model_dir, device = hops.engine_from_spawn(spawn_args or "")
-    model_dir, device = o["engine_model"] or model_dir, o["engine_device"] or device
-    click.echo(f"  {label} hops: engine alone ({device}) ...", err=True)
-    ways = {"engine": hops.engine_way(model_dir, device, query, count, LATENCY_WARMUP_REQUESTS)}
-    broker = o["broker"] or (mesh.broker_frontend() if mesh is not None else None)
-    if broker:
-        click.echo(f"  {label} hops: MeshClient to {broker} ...", err=True)
-        ways["client"] = _run(
-            hops.client_way(broker, o["model_name"], query, count, LATENCY_WARMUP_REQUESTS)
-        )
-    else:
-        ways["client"] = hops.Way(skipped="no broker endpoint: give --broker with --url")
-    click.echo(f"  {label} hops: HTTP ...", err=True)
-    ways["http"] = _run(
-        hops.http_way(
-            target.url, o["model_name"], query, count, LATENCY_WARMUP_REQUESTS, target.api_key
-        )
+    setup = hops.Setup(
+        query=o["hops_query"],
+        count=o["latency_requests"],
+        warmup=LATENCY_WARMUP_REQUESTS,
+        model_name=o["model_name"],
+        engine_model=o["engine_model"] or model_dir,
+        engine_device=o["engine_device"] or device,
+        broker=o["broker"] or (mesh.broker_frontend() if mesh is not None else None),
     )
-    summaries = {name: way.summary() for name, way in ways.items()}
-    return {"config": label, "query": query, "count": count, "ways": summaries}
+    return hops.measure(label, target, setup, lambda what: click.echo(f"  {what}", err=True))
 
 
 @click.command(context_settings={"show_default": True})

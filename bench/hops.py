@@ -16,18 +16,20 @@ arrives is not shown, so the report follows the mesh as its timings land.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from bench.load import Target
 from bench.stats import percentile
 
 TIMINGS_HEADER = "X-Embedmesh-Timings"
@@ -55,6 +57,47 @@ class Way:
             "hops_p50_ms": hop_p50s(self.timings),
             "skipped": self.skipped,
         }
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What ``--mode hops`` sends, and where."""
+
+    query: str
+    count: int  # queries measured per way
+    warmup: int  # queries sent first, not measured
+    model_name: str  # 'model' for HTTP and MeshClient
+    engine_model: str | None  # model directory of the engine way (None: the embedded one)
+    engine_device: str
+    broker: str | None  # broker frontend for the client way (None: that way is skipped)
+
+
+def measure(
+    label: str, target: Target, setup: Setup, say: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """The three ways one after the other; the report's ``hops`` entry for ``label``."""
+    s = setup
+    say(f"{label} hops: engine alone ({s.engine_device}) ...")
+    ways = {"engine": engine_way(s.engine_model, s.engine_device, s.query, s.count, s.warmup)}
+    if s.broker:
+        say(f"{label} hops: MeshClient to {s.broker} ...")
+        ways["client"] = _run(client_way(s.broker, s.model_name, s.query, s.count, s.warmup))
+    else:
+        ways["client"] = Way(skipped="no broker endpoint: give --broker with --url")
+    say(f"{label} hops: HTTP ...")
+    ways["http"] = _run(
+        http_way(target.url, s.model_name, s.query, s.count, s.warmup, target.api_key)
+    )
+    summaries = {name: way.summary() for name, way in ways.items()}
+    return {"config": label, "query": s.query, "count": s.count, "ways": summaries}
+
+
+def _run(coro: Coroutine[Any, Any, Way]) -> Way:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def parse_timings(header: str | None) -> dict[str, float]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
+from bench import hops
 from bench.hops import Way, engine_from_spawn, hop_p50s, http_way, parse_timings
 from bench.report import hops_lines
 
@@ -87,3 +89,18 @@ def test_a_skipped_way_says_why_instead_of_a_latency() -> None:
     lines = hops_lines({"config": "u", "query": "q", "count": 1, "ways": ways})
     assert "client p50" not in lines[0] and "http p50 3.00 ms" in lines[0]
     assert "client: skipped (no broker)" in "\n".join(lines)
+
+
+async def test_measure_runs_every_way_and_skips_the_client_without_a_broker(
+    stub_target, monkeypatch
+) -> None:
+    stub, target = stub_target
+    monkeypatch.setattr(hops, "engine_way", lambda *a: Way([0.3], [{"embed": 0.3}]))
+    setup = hops.Setup("q", count=4, warmup=1, model_name="m", engine_model=None,
+                       engine_device="cpu", broker=None)  # fmt: skip
+    said: list[str] = []
+    h = await asyncio.to_thread(hops.measure, "(defaults)", target, setup, said.append)
+    assert list(h["ways"]) == ["engine", "client", "http"]
+    assert h["ways"]["client"]["skipped"] and h["ways"]["http"]["count"] == 4
+    assert h["ways"]["http"]["hops_p50_ms"]["ingress_tokenize"] == 0.2
+    assert stub.calls == 5 and any("HTTP" in line for line in said)
