@@ -121,9 +121,12 @@ def merge_lanes(results: Sequence[tuple[str, Measured]]) -> dict[str, Measured]:
     return {lane: merge(parts) for lane, parts in lanes.items()}
 
 
-async def run_jobs(target: Target, jobs: Sequence[Job], timing: Timing) -> list[Measured]:
-    """Every job at once on this event loop; times from the moment they started."""
-    go = time.perf_counter()
+async def run_jobs(
+    target: Target, jobs: Sequence[Job], timing: Timing, origin: float | None = None
+) -> list[Measured]:
+    """Every job at once on this event loop; times from ``origin`` (perf_counter; default:
+    the moment they started)."""
+    go = time.perf_counter() if origin is None else origin
     measured = await asyncio.gather(*(_one(target, job, timing) for job in jobs))
     return [_shift(m, go) for m in measured]
 
@@ -238,9 +241,13 @@ def _child(conn: Connection, target: Target, jobs: list[Job], timing: Timing) ->
         conn.send(("ready", None))
         go_wall = conn.recv()
 
+        # Times count from the agreed instant, not from when this process got going: one
+        # that starts late shows as a later window, and the merged window widens to match.
+        origin = time.perf_counter() + (go_wall - time.time())
+
         async def at_go() -> list[Measured]:
-            await asyncio.sleep(max(0.0, go_wall - time.time()))
-            return await run_jobs(target, jobs, timing)
+            await asyncio.sleep(max(0.0, origin - time.perf_counter()))
+            return await run_jobs(target, jobs, timing, origin)
 
         conn.send(("done", _loop_runner()(at_go())))
         conn.recv()  # stay alive (and countable) until the parent has read our CPU time
