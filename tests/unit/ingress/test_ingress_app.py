@@ -315,3 +315,66 @@ async def test_a_client_that_hangs_up_cancels_its_mesh_call(http: TestClient, fa
         await asyncio.sleep(0.01)
     request.cancel()  # closes the connection mid-request
     await asyncio.wait_for(fake.cancelled.wait(), 5)
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "lane"),
+    [
+        ({"priority": "batch"}, {}, Lane.BATCH),
+        ({}, {"X-Embedmesh-Priority": "batch"}, Lane.BATCH),
+        ({"priority": "interactive"}, {"X-Embedmesh-Priority": "batch"}, Lane.INTERACTIVE),
+    ],
+)
+async def test_the_client_can_choose_its_lane(http: TestClient, fake, body, headers, lane) -> None:
+    resp = await http.post(
+        "/v1/embeddings", json={"model": "tiny", "input": "x", **body}, headers=headers
+    )
+    assert resp.status == 200 and fake.calls[0]["request"].lane == lane
+
+
+async def test_a_large_request_asking_for_the_interactive_lane_gets_it(
+    http: TestClient, fake
+) -> None:
+    texts = ["w " * 16] * (INTERACTIVE_MAX_TOKENS // 16 + 1)
+    body = {"model": "tiny", "input": texts, "priority": "interactive"}
+    assert (await http.post("/v1/embeddings", json=body)).status == 200
+    assert fake.calls[0]["request"].lane == Lane.INTERACTIVE
+
+
+async def test_an_invalid_priority_header_is_422_naming_it(http: TestClient, fake) -> None:
+    headers = {"X-Embedmesh-Priority": "urgent"}
+    resp = await http.post("/v1/embeddings", json={"model": "tiny", "input": "x"}, headers=headers)
+    err = await error_of(resp)
+    assert resp.status == 422 and err["param"] == "X-Embedmesh-Priority" and not fake.calls
+
+
+async def test_timings_are_returned_only_when_asked(http: TestClient) -> None:
+    body = {"model": "tiny", "input": "a b"}
+    resp = await http.post("/v1/embeddings", json=body)
+    assert resp.status == 200 and "x-embedmesh-timings" not in resp.headers
+    resp = await http.post("/v1/embeddings", json=body, headers={"X-Embedmesh-Timings": "1"})
+    hops = dict(part.split("=") for part in resp.headers["x-embedmesh-timings"].split(","))
+    assert list(hops) == [
+        "worker_compute", "ingress_parse", "ingress_tokenize", "ingress_render", "ingress_total",
+    ]  # fmt: skip
+    assert float(hops["worker_compute"]) == 0.5  # the mesh's hops pass through as reported
+    assert all(
+        0 <= float(hops[k]) <= float(hops["ingress_total"]) for k in hops if k != "worker_compute"
+    )
+
+
+async def test_dimensions_over_the_width_are_422_naming_the_field(http: TestClient, fake) -> None:
+    for inp in ("x", [1, 2]):
+        resp = await http.post(
+            "/v1/embeddings", json={"model": "tiny", "input": inp, "dimensions": 9}
+        )
+        err = await error_of(resp)
+        assert resp.status == 422 and err["param"] == "dimensions" and "8" in err["message"]
+    assert not fake.calls
+
+
+async def test_token_ids_outside_the_vocabulary_are_422(http: TestClient, fake) -> None:
+    resp = await http.post("/v1/embeddings", json={"model": "tiny", "input": [[1, 2], [3, 100]]})
+    err = await error_of(resp)
+    assert resp.status == 422 and err["param"] == "input" and "0..99" in err["message"]
+    assert not fake.calls

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import numpy as np
 import orjson
 import pytest
 
-from mesh.ingress.encodings import render_embeddings
+from mesh.ingress.encodings import SLICE_VALUES, render_embeddings, render_embeddings_sliced
 
 
 def rendered(x: np.ndarray, fmt: str, tokens: int = 7) -> dict:
@@ -74,3 +75,28 @@ def test_base64_binary_puts_dimension_zero_in_bit_zero() -> None:
 
 def test_an_empty_result_renders_an_empty_list() -> None:
     assert rendered(np.zeros((0, 4), dtype=np.float32), "float")["data"] == []
+
+
+@pytest.mark.parametrize("fmt", ["float", "base64", "base64_int8", "base64_binary"])
+async def test_big_responses_render_in_slices_to_the_same_bytes(fmt: str) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2048, 384)).astype(np.float32)  # 12 slices of SLICE_VALUES
+    if fmt == "base64_int8":
+        x = (x * 40).clip(-127, 127).astype(np.int8)
+    elif fmt == "base64_binary":
+        x = np.packbits(x > 0, axis=1)
+    want = render_embeddings(x, fmt, "m", 99)
+    assert orjson.loads(want)["data"][2047]["index"] == 2047
+    yields = 0
+
+    async def count_yields() -> None:
+        nonlocal yields
+        while True:
+            await asyncio.sleep(0)
+            yields += 1
+
+    counter = asyncio.ensure_future(count_yields())
+    got = await render_embeddings_sliced(x, fmt, "m", 99)
+    counter.cancel()
+    assert got == want
+    assert yields >= x.size // SLICE_VALUES  # the loop ran between slices
