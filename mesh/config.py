@@ -16,6 +16,13 @@ MAX_QUEUED_TOKENS = 4_000_000  # per model before OVERLOADED; ~ a few seconds of
 BATCH_TIMEOUT_S = 60.0  # a batch not back by then marks its worker hung; 10..300
 MAX_ATTEMPTS = 3  # dispatches of one sequence before WORKER_FAILED; 2..5
 AGING_S = 1.0  # a batch-lane head older than this goes before interactive work; 0.2..10
+# Live work first: while a model has interactive work waiting, or had some within LIVE_WINDOW_S,
+# the batch-lane tokens each worker holds in flight stay within LIVE_BULK_BATCHES of its
+# max_batch_tokens, so a query waits behind about one batch, not one per credit. The bulk rate
+# meanwhile loses the prefetch overlap of the second credit; set it to the credits (2) to turn
+# the cap off.
+LIVE_WINDOW_S = 1.0  # 0.2..10: about the gap between queries that still counts as live traffic
+LIVE_BULK_BATCHES = 1.0  # 0.5..2: bulk a worker may hold while live, in its batch budgets
 DEFAULT_REQUEST_TIMEOUT_S = 120.0  # client-side deadline when the caller gives none
 
 

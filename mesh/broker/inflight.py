@@ -28,6 +28,7 @@ class InFlightBatch:
     slices: list[Slice]  # each slice's attempt counts this dispatch
     dispatched_at: float
     deadline: float  # absolute: not back by then means the worker is hung
+    bulk_tokens: int = 0  # of its tokens, those from the batch lane (capped while live)
     # The message sent and where each slice's rows land in the result; set by the broker
     # once the batch id exists. It lives here so a batch has one entry, popped once.
     plan: BatchPlan | None = None
@@ -63,9 +64,16 @@ class InFlight:
     def __contains__(self, batch_id: object) -> bool:
         return batch_id in self._batches
 
-    def add(self, worker: bytes, slices: list[Slice], now: float, deadline: float) -> InFlightBatch:
+    def add(
+        self,
+        worker: bytes,
+        slices: list[Slice],
+        now: float,
+        deadline: float,
+        bulk_tokens: int = 0,
+    ) -> InFlightBatch:
         """Record a batch sent to ``worker`` under a fresh batch id."""
-        batch = InFlightBatch(self._next_id, worker, slices, now, deadline)
+        batch = InFlightBatch(self._next_id, worker, slices, now, deadline, bulk_tokens)
         self._next_id += 1
         self._batches[batch.batch_id] = batch
         self._by_worker.setdefault(worker, {})[batch.batch_id] = batch
@@ -87,6 +95,10 @@ class InFlight:
     def for_worker(self, worker: bytes) -> list[InFlightBatch]:
         """The worker's batches in dispatch order."""
         return list(self._by_worker.get(worker, {}).values())
+
+    def bulk_tokens(self, worker: bytes) -> int:
+        """Batch-lane tokens ``worker`` holds now (a sum over its credits' batches)."""
+        return sum(batch.bulk_tokens for batch in self._by_worker.get(worker, {}).values())
 
     def remove_worker(self, worker: bytes) -> list[InFlightBatch]:
         """Take back every batch of a dead or hung worker, in dispatch order, for requeue."""

@@ -16,6 +16,7 @@ reach the head. The caller answers the client once for each ending this module r
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import NamedTuple
 
 from mesh import errors
 from mesh.broker.requests import Request, RequestKey, RequestTable
-from mesh.config import AGING_S
+from mesh.config import AGING_S, LIVE_WINDOW_S
 from proto_msgs import Lane
 
 RATE_WINDOW_S = 1.0  # period over which the drain rate behind Retry-After is measured; 0.5..5
@@ -65,11 +66,12 @@ class FormedBatch:
     refused: list[Request] = field(default_factory=list)  # head alone over budget: TOO_LARGE
     tokens: int = 0
     sequences: int = 0
+    bulk_tokens: int = 0  # of them, from the batch lane
     alone: Request | None = None  # the one request this batch holds, when it must go alone
 
 
 class _ModelQueue:
-    __slots__ = ("lanes", "tokens", "sequences", "dead_spans", "rate", "window")
+    __slots__ = ("lanes", "tokens", "sequences", "dead_spans", "rate", "window", "live_at")
 
     def __init__(self) -> None:
         self.lanes: tuple[deque[Slice], deque[Slice]] = (deque(), deque())
@@ -78,6 +80,7 @@ class _ModelQueue:
         self.dead_spans = [0, 0]  # spans of ended requests still waiting to reach a head
         self.rate = 0.0  # tokens dispatched per second, measured over the last window
         self.window: tuple[float, int] | None = None  # (start, tokens dispatched since)
+        self.live_at = -math.inf  # when interactive work was last submitted
 
     def note_dispatch(self, tokens: int, now: float) -> None:
         start, dispatched = self.window or (now, 0)
@@ -95,9 +98,15 @@ class _ModelQueue:
 class Queue:
     """Per model and lane FCFS queues of sequences, cut into batches at dispatch time."""
 
-    def __init__(self, max_queued_tokens: int, aging_s: float = AGING_S) -> None:
+    def __init__(
+        self,
+        max_queued_tokens: int,
+        aging_s: float = AGING_S,
+        live_window_s: float = LIVE_WINDOW_S,
+    ) -> None:
         self.max_queued_tokens = max_queued_tokens  # per model; requeued work may exceed it
         self.aging_s = aging_s
+        self.live_window_s = live_window_s
         self.requests = RequestTable()
         self._models: dict[str, _ModelQueue] = {}
 
@@ -115,6 +124,8 @@ class Queue:
         if excess > 0:
             raise Overloaded(request.model, mq.retry_after(excess))
         self.requests.add(request)
+        if request.lane == Lane.INTERACTIVE:
+            mq.live_at = now
         mq.lanes[request.lane].append(Slice(request, 0, request.n_sequences, 0))
         self._count(mq, request, request.n_sequences, total, 1)
 
@@ -185,30 +196,56 @@ class Queue:
         self.requeue_front(slices)
 
     def form_batch(
-        self, model: str, max_batch_tokens: int, max_batch_requests: int, now: float
+        self,
+        model: str,
+        max_batch_tokens: int,
+        max_batch_requests: int,
+        now: float,
+        bulk_cap: int | None = None,
+        bulk_held: int = 0,
     ) -> FormedBatch | None:
         """Cut the next batch for a worker of ``model``; None when there is nothing to report.
 
         Interactive work first, then the batch lane fills what is left. A batch-lane head that
         has waited ``aging_s`` goes first instead, but takes at most half the budget while
         interactive work waits, so that neither lane can starve the other.
+
+        While the model is live (see ``live``), the batch-lane tokens the worker would hold,
+        ``bulk_held`` already plus this batch's, stay within ``bulk_cap`` (when given), so a
+        query arriving next waits behind about one batch, not behind every credit's worth.
+        The batch lane still gets ``bulk_cap`` in flight per worker: it slows, never starves.
         """
         if max_batch_tokens < 1 or max_batch_requests < 1:
             raise ValueError("a batch budget needs at least one token and one sequence")
         mq = self._models.get(model)
         if mq is None:
             return None
+        room = max_batch_tokens  # for batch-lane tokens in this batch
+        if bulk_cap is not None and self._live(mq, now):
+            room = min(room, bulk_cap - bulk_held)
         batch = FormedBatch()
         head = self._head(mq, Lane.BATCH, now, batch)
         aged = head is not None and now - head.request.submitted_at >= self.aging_s
-        if aged and self._head(mq, Lane.INTERACTIVE, now, batch) is not None:
-            half = (max_batch_tokens // 2, max(1, max_batch_requests // 2))
+        if room > 0 and aged and self._head(mq, Lane.INTERACTIVE, now, batch) is not None:
+            half = (min(room, max_batch_tokens // 2), max(1, max_batch_requests // 2))
             self._take(mq, Lane.BATCH, *half, max_batch_tokens, now, batch)
-        for lane in Lane:
-            self._take(mq, lane, max_batch_tokens, max_batch_requests, max_batch_tokens, now, batch)
+        self._take(
+            mq, Lane.INTERACTIVE, max_batch_tokens, max_batch_requests, max_batch_tokens, now, batch
+        )
+        if room > batch.bulk_tokens:
+            limit = min(max_batch_tokens, batch.tokens + room - batch.bulk_tokens)
+            self._take(mq, Lane.BATCH, limit, max_batch_requests, max_batch_tokens, now, batch)
         if batch.tokens:
             mq.note_dispatch(batch.tokens, now)
         return batch if batch.slices or batch.expired or batch.refused else None
+
+    def live(self, model: str, now: float) -> bool:
+        """Interactive work of ``model`` waits, or came within the last ``live_window_s``."""
+        mq = self._models.get(model)
+        return mq is not None and self._live(mq, now)
+
+    def _live(self, mq: _ModelQueue, now: float) -> bool:
+        return bool(mq.sequences[Lane.INTERACTIVE]) or now - mq.live_at < self.live_window_s
 
     def _take(
         self,
@@ -247,6 +284,8 @@ class Queue:
             batch.slices.append(Slice(request, start, stop, attempt + 1))
             if request.alone:
                 batch.alone = request
+            if lane == Lane.BATCH:
+                batch.bulk_tokens += tokens
             batch.tokens += tokens
             batch.sequences += stop - start
             if stop < end:

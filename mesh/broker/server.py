@@ -19,12 +19,14 @@ import zmq
 
 from mesh.broker.batches import plan_batch
 from mesh.broker.inflight import InFlight, InFlightBatch
-from mesh.broker.queue import Overloaded, Queue, Request, RequestTooLarge, Slice
+from mesh.broker.queue import FormedBatch, Overloaded, Queue, Request, RequestTooLarge
 from mesh.broker.registry import Registry, WorkerState
 from mesh.broker.trust import submit_problem
 from mesh.config import (
     AGING_S,
     BATCH_TIMEOUT_S,
+    LIVE_BULK_BATCHES,
+    LIVE_WINDOW_S,
     MAX_ATTEMPTS,
     MAX_QUEUED_TOKENS,
     Liveness,
@@ -63,6 +65,11 @@ class BrokerOptions:
     batch_timeout_s: float = BATCH_TIMEOUT_S
     max_attempts: int = MAX_ATTEMPTS
     aging_s: float = AGING_S
+    # While a model sees live traffic, each worker holds at most this many of its batch budgets
+    # of batch-lane work (LIVE_BULK_BATCHES), live meaning a query waits or came within
+    # live_window_s.
+    live_bulk_batches: float = LIVE_BULK_BATCHES
+    live_window_s: float = LIVE_WINDOW_S
     # Queued work of a model whose last worker left fails with UNAVAILABLE after this long.
     orphan_grace_s: float | None = None  # None: one liveness expiry
 
@@ -72,7 +79,7 @@ class Broker:
         self.front = frontend
         self.back = backend
         self.opts = options
-        self.queue = Queue(options.max_queued_tokens, options.aging_s)
+        self.queue = Queue(options.max_queued_tokens, options.aging_s, options.live_window_s)
         self.inflight = InFlight(options.max_attempts)
         self.registry = Registry()
         self.dropped = 0
@@ -221,30 +228,36 @@ class Broker:
     def _dispatch(self, model: str, now: float) -> None:
         """Give each worker of ``model`` with a free credit a batch, while work remains."""
         while self.queue.queued_sequences(model):
-            workers = self.registry.with_credit(model)
-            if not workers:
-                return
-            worker = workers[0]
-            formed = self.queue.form_batch(
-                model, worker.max_batch_tokens, worker.max_batch_requests, now
-            )
-            if formed is None:
-                return
-            for request in formed.expired:
-                self._answer_error(request, ErrorCode.DEADLINE_EXCEEDED, "deadline passed")
-            for request in formed.refused:
-                self._answer_error(
-                    request,
-                    ErrorCode.TOO_LARGE,
-                    f"a sequence is over the batch budget {worker.max_batch_tokens}",
+            for worker in self.registry.with_credit(model):
+                formed = self.queue.form_batch(
+                    model,
+                    worker.max_batch_tokens,
+                    worker.max_batch_requests,
+                    now,
+                    bulk_cap=int(self.opts.live_bulk_batches * worker.max_batch_tokens),
+                    bulk_held=self.inflight.bulk_tokens(worker.identity),
                 )
-            if formed.slices:
-                self._send_batch(worker, formed.slices, now)
+                if formed is None:
+                    continue  # nothing this worker may take now; another may hold less bulk
+                for request in formed.expired:
+                    self._answer_error(request, ErrorCode.DEADLINE_EXCEEDED, "deadline passed")
+                for request in formed.refused:
+                    self._answer_error(
+                        request,
+                        ErrorCode.TOO_LARGE,
+                        f"a sequence is over the batch budget {worker.max_batch_tokens}",
+                    )
+                if formed.slices:
+                    self._send_batch(worker, formed, now)
+                    break
+            else:
+                return
 
-    def _send_batch(self, worker: WorkerState, slices: list[Slice], now: float) -> None:
-        batch = self.inflight.add(worker.identity, slices, now, now + self.opts.batch_timeout_s)
+    def _send_batch(self, worker: WorkerState, formed: FormedBatch, now: float) -> None:
+        deadline = now + self.opts.batch_timeout_s
+        batch = self.inflight.add(worker.identity, formed.slices, now, deadline, formed.bulk_tokens)
         batch.plan = plan_batch(
-            batch.batch_id, worker.model.name, slices, self.opts.batch_timeout_s
+            batch.batch_id, worker.model.name, formed.slices, self.opts.batch_timeout_s
         )
         worker.free -= 1
         self.back.send_multipart([worker.identity, *encode(batch.plan.message)], copy=False)

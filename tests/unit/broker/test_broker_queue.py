@@ -380,3 +380,42 @@ def test_an_isolated_request_waits_for_an_empty_batch_and_keeps_it_to_itself(mak
     # Its requeued slice and its never-sent rest go together, and nothing else joins them.
     assert spans(queue.form_batch("m", 100, 10, now=0.0)) == [(1, 0, 2), (1, 2, 3)]
     assert spans(queue.form_batch("m", 100, 10, now=0.0)) == [(2, 0, 1)]
+
+
+def test_a_live_query_is_dispatched_before_bulk_queued_ahead_of_it(make_request):
+    queue = Queue(BIG, aging_s=10.0, live_window_s=1.0)
+    queue.submit(make_request([10] * 10, lane=Lane.BATCH), now=0.0)
+    held = queue.form_batch("m", 30, 100, now=0.0, bulk_cap=30).bulk_tokens
+    assert held == 30  # no live traffic yet: bulk takes a whole batch
+    queue.submit(make_request([5]), now=0.5)
+    # The worker still holds a full batch of bulk: the next batch carries the query alone.
+    batch = queue.form_batch("m", 30, 100, now=0.5, bulk_cap=30, bulk_held=held)
+    assert spans(batch) == [(2, 0, 1)] and batch.bulk_tokens == 0
+    assert queue.queued_sequences("m", Lane.BATCH) == 7
+
+
+def test_bulk_held_by_a_worker_is_capped_while_live_and_interactive_work_is_not(make_request):
+    queue = Queue(BIG, aging_s=10.0, live_window_s=1.0)
+    queue.submit(make_request([5] * 20, lane=Lane.BATCH), now=0.0)
+    queue.submit(make_request([25]), now=0.0)
+    batch = queue.form_batch("m", 100, 100, now=0.0, bulk_cap=30, bulk_held=20)
+    assert spans(batch) == [(2, 0, 1), (1, 0, 2)]  # the query whole, then 10 bulk tokens
+    # Still live within the window though nothing interactive waits: nothing over the cap.
+    assert queue.live("m", now=0.9)
+    assert queue.form_batch("m", 100, 100, now=0.9, bulk_cap=30, bulk_held=30) is None
+    # Once live traffic has stopped for the window, bulk fills whole batches again.
+    assert not queue.live("m", now=1.0)
+    batch = queue.form_batch("m", 100, 100, now=1.0, bulk_cap=30, bulk_held=30)
+    assert batch.bulk_tokens == 90
+
+
+def test_an_aged_bulk_head_shares_the_cap_while_live(make_request):
+    queue = Queue(BIG, aging_s=1.0, live_window_s=1.0)
+    queue.submit(make_request([4] * 10, lane=Lane.BATCH), now=0.0)
+    queue.submit(make_request([4] * 10), now=5.0)
+    # Aged: bulk goes first, but only what the cap leaves (8 of its half of 20).
+    batch = queue.form_batch("m", 40, 100, now=5.0, bulk_cap=20, bulk_held=12)
+    assert spans(batch) == [(1, 0, 2), (2, 0, 8)]
+    # Holding its whole cap, an aged head waits: the worker is not starved of bulk.
+    batch = queue.form_batch("m", 40, 100, now=5.0, bulk_cap=20, bulk_held=20)
+    assert spans(batch) == [(2, 8, 10)]

@@ -109,17 +109,22 @@ class SchedulingMachine(RuleBasedStateMachine):
         budget=st.integers(8, 120),
         cap=st.integers(1, 12),
         worker=st.sampled_from(WORKERS),
+        bulk_cap=st.none() | st.integers(1, 150),
     )
-    def form_batch(self, model, budget, cap, worker) -> None:
-        self.form(model, budget, cap, worker)
+    def form_batch(self, model, budget, cap, worker, bulk_cap) -> None:
+        self.form(model, budget, cap, worker, bulk_cap)
 
-    def form(self, model: str, budget: int, cap: int, worker: bytes) -> None:
+    def form(self, model: str, budget: int, cap: int, worker: bytes, bulk_cap=None) -> None:
         aged, waiting = self.live_head(model, Lane.BATCH), self.live_head(model, Lane.INTERACTIVE)
         if aged is None or waiting is None or self.now - aged[0].submitted_at < AGING_S:
             aged = None
-        batch = self.queue.form_batch(model, budget, cap, self.now)
+        held = self.inflight.bulk_tokens(worker)
+        capped = bulk_cap is not None and self.queue.live(model, self.now)
+        room = min(budget, bulk_cap - held) if capped else budget
+        batch = self.queue.form_batch(model, budget, cap, self.now, bulk_cap, held)
         if batch is None:
-            assert all(self.live_head(model, lane) is None for lane in Lane)
+            if not capped or room > 0:
+                assert all(self.live_head(model, lane) is None for lane in Lane)
             return
         for request in batch.expired:
             assert request.deadline is not None and request.deadline <= self.now
@@ -128,21 +133,30 @@ class SchedulingMachine(RuleBasedStateMachine):
             self.end(request, "refused")
         assert batch.tokens == sum(piece.tokens for piece in batch.slices) <= budget
         assert batch.sequences == sum(p.end - p.start for p in batch.slices) <= cap
-        if aged is not None and aged[0].live:
+        bulk = [p for p in batch.slices if p.request.lane == Lane.BATCH]
+        assert batch.bulk_tokens == sum(p.tokens for p in bulk)
+        if capped:
+            # Over the cap only by one head sequence that had to start an empty share.
+            one = sum(p.end - p.start for p in bulk) == 1 and held < bulk_cap
+            within = held + batch.bulk_tokens <= bulk_cap
+            assert not batch.bulk_tokens or within or one, "bulk held within the cap"
+        if aged is not None and aged[0].live and room > 0:
             assert batch.slices[0].request is aged[0], "an aged batch-lane head goes first"
             # ... but it takes at most half, so interactive work is not starved in turn.
-            aged_share = max(budget // 2, int(aged[0].lengths[aged[1]]))
+            aged_share = max(min(room, budget // 2), int(aged[0].lengths[aged[1]]))
             fits = int(waiting[0].lengths[waiting[1]]) <= budget - aged_share
             if waiting[0].live and fits and not waiting[0].alone and batch.alone is None:
                 assert cap < 2 or any(p.request is waiting[0] for p in batch.slices)
         for lane in Lane:
-            self.check_lane_took_its_owed_prefix(model, lane, batch, budget, cap)
+            lane_room = room - batch.bulk_tokens if lane == Lane.BATCH else budget
+            self.check_lane_took_its_owed_prefix(model, lane, batch, budget, cap, lane_room)
         if batch.slices:
-            self.inflight.add(worker, batch.slices, self.now, self.now + BATCH_TIMEOUT_S)
+            deadline = self.now + BATCH_TIMEOUT_S
+            self.inflight.add(worker, batch.slices, self.now, deadline, batch.bulk_tokens)
         else:
             assert batch.expired or batch.refused
 
-    def check_lane_took_its_owed_prefix(self, model, lane, batch, budget, cap) -> None:
+    def check_lane_took_its_owed_prefix(self, model, lane, batch, budget, cap, room) -> None:
         owed = self.live_owed(model, lane)
         taken = [p for p in batch.slices if p.request.lane == lane]
         sent = [(p.request, i, p.attempt) for p in taken for i in range(p.start, p.end)]
@@ -155,11 +169,13 @@ class SchedulingMachine(RuleBasedStateMachine):
         elif owed and owed[0][0].alone:
             assert batch.sequences > 0, "an isolated head goes in the next empty batch"
         elif owed and batch.sequences < cap:
-            # The batch is full: the lane's head is live and would not fit in what is left.
+            # The batch is full: the lane's head is live and would not fit in what is left
+            # (of the budget, or of the bulk a worker may hold while live traffic is about).
             request, i, _ = owed[0]
             assert request.deadline is None or request.deadline > self.now
-            assert int(request.lengths[i]) > budget - batch.tokens
-            assert batch.sequences > 0, "a head over the whole budget is refused, not kept"
+            length = int(request.lengths[i])
+            assert length > budget - batch.tokens or length > room
+            assert batch.sequences > 0 or room <= 0, "a head over the budget is refused"
 
     @rule(pick=st.integers(0, 10**6))
     def deliver_a_result(self, pick) -> None:
