@@ -44,7 +44,12 @@ from mesh.errors import MeshError, ProtocolViolation
 from mesh.ingress.catalog import Catalog
 from mesh.ingress.config import IngressConfig
 from mesh.ingress.encodings import ENCODINGS, render_embeddings_sliced
-from mesh.ingress.http_errors import CLIENT_CLOSED, ApiError, error_response
+from mesh.ingress.http_errors import (
+    CLIENT_CLOSED,
+    ApiError,
+    answer_unparsable_requests_in_json,
+    error_response,
+)
 from mesh.ingress.metrics import CONTENT_TYPE, IngressMetrics
 from mesh.ingress.schema import PRIORITY_HEADER, EmbeddingsRequest, parse_embeddings_request
 from proto_msgs import OUTPUT_KINDS, Lane, ModelInfo
@@ -75,6 +80,7 @@ STATE = web.AppKey("embedmesh_ingress", IngressState)
 def create_app(cfg: IngressConfig, client: MeshClient | None = None) -> web.Application:
     """The ingress application. Without ``client`` it builds one from ``cfg`` and starts and
     closes it with the app; a given client is the caller's to start and close."""
+    answer_unparsable_requests_in_json()
     owns = client is None
     if client is None:
         client = MeshClient(
@@ -147,7 +153,18 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     request.app[STATE].metrics.errors.labels(err.code or "unknown").inc()
     if err.status == 502:  # the mesh failed on a request (503/504 are load and outages)
         log.warning("%s %s: %s", request.method, request.path, err)
-    return error_response(err)
+    response = error_response(err)
+    if isinstance(err, UnreadableBody):
+        # The rest of the body cannot be read (aiohttp would try to drain it after us, fail
+        # and log a traceback): send the answer, then close the connection.
+        await response.prepare(request)
+        await response.write_eof()
+        request.protocol.force_close()
+    return response
+
+
+class UnreadableBody(ApiError):
+    """A body that broke off mid-read: answered, then its connection is closed."""
 
 
 @web.middleware
@@ -242,6 +259,15 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large from None
+    except web.RequestPayloadError as exc:
+        # A Content-Encoding the body does not match (not gzip after all), a broken chunked
+        # encoding: the client's mistake, so 400 in our shape, not a 500 with a traceback.
+        cause = exc.__cause__ or exc
+        reason = str(getattr(cause, "message", cause)).strip()
+        encoding = request.headers.get("Content-Encoding")
+        how = f" as Content-Encoding {encoding}" if encoding else ""
+        message = f"the body could not be decoded{how}: {reason}"
+        raise UnreadableBody(400, message, code="malformed_request") from None
 
 
 # ---- models, health, metrics ------------------------------------------------------------------

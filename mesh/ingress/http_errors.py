@@ -21,15 +21,19 @@ The body is always ``{"error": {"message", "type", "param", "code"}}``.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from http import HTTPStatus
 
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from mesh.errors import MeshError
 from proto_msgs import ErrorCode
+
+log = logging.getLogger("embedmesh.ingress")
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": only ever logged and counted
 
@@ -127,3 +131,40 @@ def _reason(status: int) -> str:
         return HTTPStatus(status).phrase
     except ValueError:
         return "Error"
+
+
+def answer_unparsable_requests_in_json() -> None:
+    """Requests aiohttp cannot parse (an HTTP/1.0 POST without Content-Length, a bad header)
+    are answered by its protocol handler before any route or middleware runs, in text/plain.
+    Wrap that handler once per process so that they get the JSON error shape too."""
+    original = RequestHandler.handle_error
+    if getattr(original, "embedmesh_json", False):
+        return
+
+    def handle_error(
+        self: RequestHandler,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if not 400 <= status < 500 or request.writer.output_size > 0:
+            return original(self, request, status, exc, message)
+        log.debug("unparsable request from %s: %s", request.remote, message or exc)
+        err = ApiError(status, f"the request is not valid HTTP: {_parse_problem(request, message)}")
+        err.code = "malformed_request"
+        response = error_response(err)
+        response.force_close()  # the stream is out of step: nothing after it can be trusted
+        return response
+
+    handle_error.embedmesh_json = True  # type: ignore[attr-defined]
+    RequestHandler.handle_error = handle_error  # type: ignore[method-assign]
+
+
+def _parse_problem(request: web.BaseRequest, message: str | None) -> str:
+    text = (message or "unreadable request").strip()
+    if "Connection: close" in text:
+        # The parser's words for a body sent without a length on a connection that ends
+        # after the request: HTTP/1.0 has no chunked encoding, so the length is required.
+        return "a request body needs a Content-Length header (HTTP/1.0 has no chunked bodies)"
+    return text

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -378,3 +380,55 @@ async def test_token_ids_outside_the_vocabulary_are_422(http: TestClient, fake) 
     err = await error_of(resp)
     assert resp.status == 422 and err["param"] == "input" and "0..99" in err["message"]
     assert not fake.calls
+
+
+async def test_a_body_that_is_not_the_gzip_it_claims_is_400_in_the_error_shape(
+    http: TestClient, fake
+) -> None:
+    headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    resp = await http.post("/v1/embeddings", data=b'{"model": "tiny"}', headers=headers)
+    err = await error_of(resp)
+    assert resp.status == 400 and err["code"] == "malformed_request"
+    assert "gzip" in err["message"] and not fake.calls
+
+
+async def test_a_gzip_body_that_inflates_over_the_limit_is_413(fake: FakeClient) -> None:
+    http = await serve(fake, max_body_bytes=1 << 20)
+    try:
+        bomb = gzip.compress(b'{"model": "tiny", "input": "' + b"a " * (1 << 20) + b'"}')
+        headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+        resp = await http.post("/v1/embeddings", data=bomb, headers=headers)
+        assert resp.status == 413 and (await error_of(resp))["code"] == "request_too_large"
+    finally:
+        await http.close()
+
+
+async def test_an_http10_post_without_content_length_is_400_in_the_error_shape(
+    http: TestClient,
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", http.server.port)
+    try:
+        writer.write(
+            b"POST /v1/embeddings HTTP/1.0\r\nContent-Type: application/json\r\n\r\n"
+            b'{"model": "tiny", "input": "x"}'
+        )
+        raw = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 400") and b"application/json" in head
+    err = orjson.loads(body)["error"]
+    assert err["code"] == "malformed_request" and "Content-Length" in err["message"]
+
+
+async def test_a_model_unserved_past_the_window_leaves_health_and_becomes_unknown(
+    http: TestClient, fake: FakeClient
+) -> None:
+    assert (await http.get("/health")).status == 200
+    fake.served = False
+    assert (await http.get("/health")).status == 503  # gone now: maybe a restart
+    fake.seen.forget_after_s = 0.0  # as if FORGET_UNSERVED_AFTER_S had passed
+    doc = await (await http.get("/health")).json()
+    assert doc["models"] == {} and "no worker has announced" in doc["reason"]
+    resp = await http.post("/v1/embeddings", json={"model": "tiny", "input": "x"})
+    assert resp.status == 404
