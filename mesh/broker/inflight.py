@@ -32,6 +32,7 @@ class InFlightBatch:
     # The message sent and where each slice's rows land in the result; set by the broker
     # once the batch id exists. It lives here so a batch has one entry, popped once.
     plan: BatchPlan | None = None
+    sent_at: float = 0.0  # time.perf_counter() just after the batch left, for per-hop timings
 
     @property
     def attempt(self) -> int:

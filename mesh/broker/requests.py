@@ -32,6 +32,7 @@ class Request:
     deadline: float | None  # absolute, on the clock of ``now``
     submitted_at: float
     payload: object = None
+    received_at: float = 0.0  # time.perf_counter() when the submit arrived, for per-hop timings
     # Bookkeeping owned by Queue and its RequestTable, never set by the caller. The prefix sums are a
     # Python list because ``bisect`` on it costs a tenth of ``np.searchsorted`` on tiny spans.
     offsets: list[int] = field(init=False, repr=False)  # offsets[i] = sum(lengths[:i])

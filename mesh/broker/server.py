@@ -19,7 +19,7 @@ import zmq
 
 from mesh.broker.batches import plan_batch
 from mesh.broker.inflight import InFlight, InFlightBatch
-from mesh.broker.queue import FormedBatch, Overloaded, Queue, Request, RequestTooLarge
+from mesh.broker.queue import FormedBatch, Overloaded, Queue, Request, RequestTooLarge, Slice
 from mesh.broker.registry import Registry, WorkerState
 from mesh.broker.trust import submit_problem
 from mesh.config import (
@@ -57,6 +57,8 @@ from proto_msgs import (
 
 log = logging.getLogger("embedmesh.broker")
 
+MAX_WORKER_TIMINGS = 16  # named durations of a BatchResult forwarded in each RequestResult
+
 
 @dataclass
 class BrokerOptions:
@@ -86,6 +88,7 @@ class Broker:
         self._warned_peers: set[bytes] = set()
         self._orphaned_since: dict[str, float] = {}
         self._stop = False
+        self._arrived = 0.0  # perf_counter when the message being handled was received
         self.instance = secrets.randbits(63)
 
     def stop(self) -> None:
@@ -119,6 +122,8 @@ class Broker:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            # Per message, not the per-poll ``now``: the per-hop timings are sub-millisecond.
+            self._arrived = time.perf_counter()
             identity = frames[0].bytes
             try:
                 msg = decode(frames[1:])
@@ -206,6 +211,7 @@ class Broker:
             deadline=deadline,
             submitted_at=now,
             payload=msg,
+            received_at=self._arrived,
         )
         try:
             self.queue.submit(request, now)
@@ -261,6 +267,7 @@ class Broker:
         )
         worker.free -= 1
         self.back.send_multipart([worker.identity, *encode(batch.plan.message)], copy=False)
+        batch.sent_at = time.perf_counter()
 
     # ---- backend ------------------------------------------------------------------------------
 
@@ -309,18 +316,35 @@ class Broker:
             log.error("worker %s sent a malformed result: %s", worker.name, exc)
             self._requeue([batch])
         else:
-            for piece, rows in chunks:
-                request = piece.request
-                if not request.live:
-                    continue  # cancelled, expired or failed meanwhile: already answered
-                identity, cid = request.key
-                indices = np.arange(piece.start, piece.end, dtype=np.int32)
-                # Queue wait counts from submission, so a requeued slice reports it all.
-                queue_ms = (batch.dispatched_at - request.submitted_at) * 1000
-                chunk = RequestResult(cid, piece.tokens, indices, rows, queue_ms, msg.compute_ms)
-                self._send_front(identity, chunk)
-                self.queue.complete(request, piece.end - piece.start)
+            self._answer_chunks(batch, chunks, msg)
         self._dispatch(worker.model.name, now)
+
+    def _answer_chunks(
+        self, batch: InFlightBatch, chunks: list[tuple[Slice, np.ndarray]], msg: BatchResult
+    ) -> None:
+        received = self._arrived
+        # The worker's own hops, forwarded when it says a sane few (a peer sets their number).
+        hops = msg.timings if len(msg.timings) <= MAX_WORKER_TIMINGS else {}
+        worker_ms = (received - batch.sent_at) * 1000
+        for piece, rows in chunks:
+            request = piece.request
+            if not request.live:
+                continue  # cancelled, expired or failed meanwhile: already answered
+            identity, cid = request.key
+            indices = np.arange(piece.start, piece.end, dtype=np.int32)
+            # Queue wait counts from submission, so a requeued slice reports it all.
+            queue_ms = (batch.dispatched_at - request.submitted_at) * 1000
+            timings = {
+                **hops,
+                "broker_queue": (batch.sent_at - request.received_at) * 1000,
+                "broker_worker": worker_ms,
+                "broker_out": (time.perf_counter() - received) * 1000,
+            }
+            chunk = RequestResult(
+                cid, piece.tokens, indices, rows, queue_ms, msg.compute_ms, timings
+            )
+            self._send_front(identity, chunk)
+            self.queue.complete(request, piece.end - piece.start)
 
     def _on_batch_error(self, worker: WorkerState, msg: BatchError, now: float) -> None:
         batch = self.inflight.pop(msg.batch_id, worker.identity)

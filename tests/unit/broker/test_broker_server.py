@@ -28,3 +28,33 @@ def test_a_live_query_waits_behind_one_held_batch_not_two():
     assert bulk.n == 4 and set(bulk.token_ids.tolist()) == {5}
     chunks = [(m.cid, len(m.indices)) for _, m in h.front.take(RequestResult)]
     assert chunks == [(1, 4), (100, 1), (1, 4)]
+
+
+def test_each_result_chunk_carries_the_workers_timings_and_the_brokers_hops():
+    h = Harness()
+    h.add_worker()
+    h.submit(submit(1, [3]))
+    [(_, batch)] = h.back.take(BatchAssign)
+    result = answer(batch)
+    result.timings = {"worker_compute": 2.5, "worker_reply": 0.25}
+    h.back.push(b"w1", result)
+    h.pump()
+    [(_, chunk)] = h.front.take(RequestResult)
+    hops = {"broker_queue", "broker_worker", "broker_out"}
+    assert set(chunk.timings) == {"worker_compute", "worker_reply"} | hops
+    assert chunk.timings["worker_compute"] == 2.5
+    assert all(chunk.timings[name] >= 0.0 for name in hops)
+    assert chunk.compute_ms == 1.0
+
+
+def test_a_worker_that_names_too_many_timings_gets_none_forwarded():
+    h = Harness()
+    h.add_worker()
+    h.submit(submit(1, [3]))
+    [(_, batch)] = h.back.take(BatchAssign)
+    result = answer(batch)
+    result.timings = {f"t{i}": 1.0 for i in range(1000)}
+    h.back.push(b"w1", result)
+    h.pump()
+    [(_, chunk)] = h.front.take(RequestResult)
+    assert set(chunk.timings) == {"broker_queue", "broker_worker", "broker_out"}
