@@ -328,6 +328,12 @@ class BatchError(Message):
     message: str
     retryable: bool
 
+    def validate(self) -> None:
+        # The broker turns the code into an ErrorCode for the clients of the batch: an unknown
+        # one must be dropped here, not raise inside the broker's loop.
+        if self.code not in ErrorCode._value2member_map_:
+            raise ProtocolError("BatchError: unknown error code")
+
 
 @register
 @dataclass

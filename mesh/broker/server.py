@@ -57,6 +57,7 @@ from proto_msgs import (
 
 log = logging.getLogger("embedmesh.broker")
 
+WARNED_PEERS_MAX = 4096  # peers remembered as already warned about; older ones may warn again
 MAX_WORKER_TIMINGS = 16  # named durations of a BatchResult forwarded in each RequestResult
 
 
@@ -85,7 +86,8 @@ class Broker:
         self.inflight = InFlight(options.max_attempts)
         self.registry = Registry()
         self.dropped = 0
-        self._warned_peers: set[bytes] = set()
+        self.handler_errors = 0  # messages whose handler raised (each also counts as dropped)
+        self._warned_peers: dict[bytes, None] = {}  # insertion-ordered set, bounded
         self._orphaned_since: dict[str, float] = {}
         self._stop = False
         self._arrived = 0.0  # perf_counter when the message being handled was received
@@ -130,12 +132,31 @@ class Broker:
             except ProtocolError as exc:
                 self._malformed(sock, identity, exc)
                 continue
-            handler(identity, msg, now)
+            try:
+                handler(identity, msg, now)
+            except Exception:
+                # Last line of defence: a message that trips a bug costs that message, not the
+                # broker and every request it holds. Validation should have caught it first.
+                self.dropped += 1
+                self.handler_errors += 1
+                if self._first_warning(identity):
+                    log.exception(
+                        "dropped %s from %r after it failed", type(msg).__name__, identity
+                    )
+
+    def _first_warning(self, identity: bytes) -> bool:
+        """True the first time a peer misbehaves: one log line per peer, not per message."""
+        if identity in self._warned_peers:
+            return False
+        if len(self._warned_peers) >= WARNED_PEERS_MAX:
+            # Bounded: a flood of fresh identities must not grow it; forget the oldest.
+            del self._warned_peers[next(iter(self._warned_peers))]
+        self._warned_peers[identity] = None
+        return True
 
     def _malformed(self, sock: zmq.Socket, identity: bytes, exc: ProtocolError) -> None:
         self.dropped += 1
-        if identity not in self._warned_peers:
-            self._warned_peers.add(identity)
+        if self._first_warning(identity):
             log.warning("dropping malformed message from %r: %s", identity, exc.reason)
         if sock is self.front and exc.cid is not None:
             self._send_front(identity, RequestError(exc.cid, ErrorCode.PROTOCOL, exc.reason))
@@ -313,7 +334,9 @@ class Broker:
         try:
             chunks = batch.plan.split(msg.embeddings)
         except ValueError as exc:
-            log.error("worker %s sent a malformed result: %s", worker.name, exc)
+            self.dropped += 1
+            if self._first_warning(worker.identity):
+                log.error("worker %s sent a malformed result: %s", worker.name, exc)
             self._requeue([batch])
         else:
             self._answer_chunks(batch, chunks, msg)

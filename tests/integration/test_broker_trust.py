@@ -9,10 +9,15 @@ import zmq
 
 from mesh.client import MeshClient
 from proto_msgs import (
+    BatchAssign,
+    BatchError,
+    BatchResult,
     ErrorCode,
+    ModelInfo,
     OutputOptions,
     RequestError,
     SubmitRequest,
+    WorkerReady,
     decode,
     encode,
 )
@@ -73,3 +78,52 @@ async def test_a_bad_raw_submit_among_valid_concurrent_ones_fails_alone(mesh: Me
     assert sorted(errors) == [1, 2], mesh.logs()
     assert {e.code for e in errors.values()} == {ErrorCode.INVALID_INPUT}
     assert "vocabulary" in errors[1].message and "dimensions" in errors[2].message
+
+
+def fake_card() -> ModelInfo:
+    return ModelInfo(
+        name="fake-model",
+        aliases=[],
+        dims=4,
+        max_input_tokens=8,
+        vocab_size=10,
+        pooling="mean",
+        normalize=True,
+        tokenizer_digest="f" * 64,
+    )
+
+
+async def test_crafted_worker_messages_leave_the_broker_serving(mesh: Mesh) -> None:
+    mesh.start_broker()
+    mesh.start_worker()
+    fake, front = raw_dealer(mesh.backend), raw_dealer(mesh.frontend)
+    try:
+        async with MeshClient(mesh.frontend, liveness=TEST_LIVENESS) as client:
+            await wait_for_workers(client, 1)
+            # A peer on the backend announces a model of its own and is sent a batch of it.
+            ready = WorkerReady("fake", fake_card(), b"{}", 64, 8, 1, 250, "cpu")
+            fake.send_multipart(encode(ready))
+            submit = raw_submit(1, 3, None)
+            submit.model, submit.token_ids[:] = "fake-model", 1
+            await asyncio.sleep(0.3)
+            front.send_multipart(encode(submit))
+            batch = None
+            while not isinstance(batch, BatchAssign):  # heartbeats come first
+                assert fake.poll(10_000), mesh.logs()
+                batch = decode(fake.recv_multipart())
+            crafted = [
+                BatchError(batch.batch_id, 999, "a code no one knows", False),
+                BatchResult(batch.batch_id + 12345, 1.0, [np.ones((1, 4), np.float32)]),
+                BatchResult(batch.batch_id, 1.0, [np.ones((7, 4), np.float32)] * 3),
+            ]
+            for msg in crafted:
+                fake.send_multipart(encode(msg))
+            result = await client.embed(["the broker still serves"], MODEL, timeout_s=30)
+            assert result.embeddings.shape == (1, 384)
+            await asyncio.sleep(2 * TEST_LIVENESS.interval_s)
+            stats = client.brokers[0].stats
+            assert stats is not None and stats.dropped_frames >= 2, stats
+    finally:
+        fake.close()
+        front.close()
+    assert mesh.broker is not None and mesh.broker.poll() is None, mesh.logs()

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from proto_msgs import BatchAssign, RequestResult
+import logging
+
+import numpy as np
+
+from mesh.broker import server
+from proto_msgs import BatchAssign, BatchError, BatchResult, RequestResult
 from tests.unit.broker.fakes import Harness, answer, ready, submit
 
 
@@ -58,3 +63,49 @@ def test_a_worker_that_names_too_many_timings_gets_none_forwarded():
     h.pump()
     [(_, chunk)] = h.front.take(RequestResult)
     assert set(chunk.timings) == {"broker_queue", "broker_worker", "broker_out"}
+
+
+def test_a_batch_error_with_an_unknown_code_is_dropped_and_the_broker_serves_on():
+    h = Harness()
+    h.add_worker()
+    h.submit(submit(1, [3]))
+    [(_, batch)] = h.back.take(BatchAssign)
+    h.back.push(b"w1", BatchError(batch.batch_id, 999, "no such code", False))
+    h.back.push(b"w1", BatchResult(batch.batch_id + 1000, 1.0, []))  # an unknown batch id
+    h.back.push(b"w1", BatchResult(batch.batch_id, 1.0, [np.ones((5, 8), np.float32)]))
+    h.pump()
+    assert h.broker.dropped == 2  # the code 999 and the wrong shapes
+    assert h.front.take(RequestResult) == []
+    [(_, again)] = h.back.take(BatchAssign)  # the misshapen result put the work back
+    h.back.push(b"w1", answer(again))
+    h.pump()
+    assert [m.cid for _, m in h.front.take(RequestResult)] == [1]
+
+
+def test_a_message_whose_handler_raises_costs_only_itself(monkeypatch, caplog):
+    h = Harness()
+    h.add_worker()
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(h.broker, "_submit", broken)
+    with caplog.at_level(logging.ERROR, logger="embedmesh.broker"):
+        h.submit(submit(1, [3]))
+        h.submit(submit(2, [3]))
+    assert (h.broker.handler_errors, h.broker.dropped) == (2, 2)
+    assert len([r for r in caplog.records if "after it failed" in r.message]) == 1
+    monkeypatch.undo()
+    h.submit(submit(3, [3]))
+    [(_, batch)] = h.back.take(BatchAssign)
+    assert batch.n == 1
+
+
+def test_the_peers_remembered_as_warned_are_bounded(monkeypatch):
+    monkeypatch.setattr(server, "WARNED_PEERS_MAX", 8)
+    h = Harness()
+    for i in range(20):
+        h.front.push(b"peer%d" % i, [b"garbage"])
+    h.pump()
+    assert h.broker.dropped == 20 and len(h.broker._warned_peers) == 8
+    assert b"peer19" in h.broker._warned_peers and b"peer0" not in h.broker._warned_peers
