@@ -11,6 +11,9 @@ this host, which is the bar column (3) of the GPU benchmark cannot pass.
 
     python bench/mesh_overhead.py                     # null engine
     python bench/mesh_overhead.py --batch-ms 2.4      # a device that takes 2.4 ms a batch
+    python bench/mesh_overhead.py --transport ipc --inline-max-ms 0   # as --role all; no
+                                                      # inline path (docs/benchmarks.md)
+    python bench/mesh_overhead.py --model DIR --device cuda   # a real engine in the worker
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.gpu_engine import drive_mesh, workload  # noqa: E402
+from mesh.worker.server import INLINE_MAX_MS  # noqa: E402
+from proto_msgs import ModelInfo  # noqa: E402
 
 DIMS = 384
 VOCAB = 30522
@@ -51,27 +57,41 @@ class NullEngine:
         return torch.zeros(len(offsets) - 1, DIMS)
 
 
-def run_worker(backend: str, batch_ms: float, budget: int) -> None:
+def null_worker(batch_ms: float) -> tuple[NullEngine, ModelInfo]:
+    info = ModelInfo("null", [], DIMS, 512, VOCAB, "mean", True, "0" * 64)
+    torch.set_num_threads(1)  # no OpenMP spinning to blur the core shares
+    return NullEngine(batch_ms), info
+
+
+def model_worker(model_dir: str, device: str, budget: int) -> tuple[object, ModelInfo]:
+    """A real engine, served as "null" so the client side stays the same; CUDA graphs of
+    the small buckets captured first, as docs/gpu.md's mesh runs do."""
+    from mesh.worker.engine.engine import Engine
+
+    engine = Engine.load(model_dir, device=device, max_batch_tokens=budget)
+    engine.warmup([16, 64, 256])
+    info = ModelInfo(
+        "null", [], engine.card.dims, engine.card.max_input_tokens, engine.vocab_size,
+        engine.card.pooling, engine.card.normalize, engine.card.tokenizer_digest,
+    )  # fmt: skip
+    return engine, info
+
+
+def run_worker(backend: str, args: argparse.Namespace) -> None:
     import zmq
 
     from mesh.config import Liveness
     from mesh.worker.server import WorkerOptions, WorkerServer
-    from proto_msgs import ModelInfo
 
-    info = ModelInfo(
-        name="null",
-        aliases=[],
-        dims=DIMS,
-        max_input_tokens=512,
-        vocab_size=VOCAB,
-        pooling="mean",
-        normalize=True,
-        tokenizer_digest="0" * 64,
+    if args.model:
+        engine, info = model_worker(args.model, args.device, args.budget)
+    else:
+        engine, info = null_worker(args.batch_ms)
+    options = WorkerOptions(
+        "null", 2, args.budget, 4096, args.device, inline_max_ms=args.inline_max_ms
     )
-    torch.set_num_threads(1)  # no OpenMP spinning to blur the core shares
-    options = WorkerOptions("null", 2, budget, 4096, "cpu")
     ctx = zmq.Context()
-    server = WorkerServer(ctx, NullEngine(batch_ms), info, b"{}", backend, options, Liveness())
+    server = WorkerServer(ctx, engine, info, b"{}", backend, options, Liveness())  # type: ignore[arg-type]
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     server.run()
     print("worker:", server.stats.summary(), file=sys.stderr)
@@ -89,19 +109,31 @@ def main() -> None:
     ap.add_argument("--per-request", type=int, default=16)
     ap.add_argument("--in-flight", type=int, default=128)
     ap.add_argument("--budget", type=int, default=16384)
+    ap.add_argument("--transport", choices=("tcp", "ipc"), default="tcp")
+    ap.add_argument(
+        "--inline-max-ms",
+        type=float,
+        default=INLINE_MAX_MS,
+        help="the worker's WorkerOptions.inline_max_ms (0: every batch through its threads)",
+    )
+    ap.add_argument("--model", help="serve this model directory instead of the null engine")
+    ap.add_argument("--device", default="cpu", help="the --model engine's device")
     ap.add_argument("--worker", metavar="BACKEND", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        run_worker(args.worker, args.batch_ms, args.budget)
+        run_worker(args.worker, args)
         return
-    port = 18000 + os.getpid() % 1000 * 2
-    front, back = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"
+    if args.transport == "ipc":  # what mesh-launch --role all uses
+        base = tempfile.mkdtemp(prefix="mesh-overhead-")
+        front, back = f"ipc://{base}/front", f"ipc://{base}/back"
+    else:
+        port = 18000 + os.getpid() % 1000 * 2
+        front, back = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"
     broker = [sys.executable, "-m", "launch.cli", "--role", "broker"]
     procs = [
         subprocess.Popen([*broker, "--frontend", front, "--backend", back], cwd=ROOT),
         subprocess.Popen(
-            [sys.executable, __file__, "--worker", back, "--batch-ms", str(args.batch_ms)]
-            + ["--budget", str(args.budget)],
+            [sys.executable, __file__, "--worker", back, *sys.argv[1:]],
             cwd=ROOT,
         ),
     ]

@@ -15,7 +15,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 
@@ -54,6 +56,7 @@ class BrokerLink:
         ready: WorkerReady,
         liveness: Liveness,
         connect: callable | None = None,  # type: ignore[valid-type]
+        accept: Callable[[Incoming], list[Any] | None] | None = None,
         backoff_min_s: float = RECONNECT_BACKOFF_MIN_S,
         backoff_max_s: float = RECONNECT_BACKOFF_MAX_S,
     ) -> None:
@@ -62,6 +65,9 @@ class BrokerLink:
         self.ready = ready
         self.liveness = liveness
         self._connect = connect  # hook for CURVE: connect(sock, endpoint)
+        # Called on this thread for each batch: None when it took the batch (queued it), or
+        # the frames of its reply, sent at once. Without it, batches go to ``batches``.
+        self._accept = accept or self._enqueue
         self.backoff_min_s = backoff_min_s
         self.backoff_max_s = backoff_max_s
         self.batches: queue.Queue[Incoming] = queue.Queue()
@@ -116,13 +122,9 @@ class BrokerLink:
             self.connected.clear()
             if self._stop.is_set():
                 break
+            # Batches still queued belong to the old session (the broker requeues them): the
+            # compute loop drops them by their epoch.
             self.epoch += 1
-            # Any batch still queued belongs to the old session: the broker requeues it.
-            while True:
-                try:
-                    self.batches.get_nowait()
-                except queue.Empty:
-                    break
             backoff = self.backoff_min_s if heard else min(backoff * 2, self.backoff_max_s)
             log.warning("broker %s silent; reconnecting in %.1fs", self.endpoint, backoff)
             self._stop.wait(backoff)
@@ -150,7 +152,7 @@ class BrokerLink:
                     last_heard = now
                     heard_any = True
                     self.connected.set()
-                    if not self._on_message(frames, epoch, time.perf_counter()):
+                    if not self._on_message(sock, frames, epoch, time.perf_counter()):
                         return heard_any
             if self._results in events:
                 self._forward_results(sock, epoch)
@@ -178,7 +180,12 @@ class BrokerLink:
             if int(tagged[0].bytes) == epoch:
                 sock.send_multipart(tagged[1:], copy=False)
 
-    def _on_message(self, frames: list[zmq.Frame], epoch: int, received_at: float) -> bool:
+    def _enqueue(self, item: Incoming) -> None:
+        self.batches.put(item)
+
+    def _on_message(
+        self, sock: zmq.Socket, frames: list[zmq.Frame], epoch: int, received_at: float
+    ) -> bool:
         """Handle one broker message; False means 'reconnect now'."""
         try:
             msg = decode(frames)
@@ -188,7 +195,9 @@ class BrokerLink:
                 log.warning("dropped malformed message from broker (%s)", exc.reason)
             return True
         if isinstance(msg, BatchAssign):
-            self.batches.put(Incoming(epoch=epoch, batch=msg, received_at=received_at))
+            reply = self._accept(Incoming(epoch=epoch, batch=msg, received_at=received_at))
+            if reply is not None:
+                sock.send_multipart(reply, copy=False)
         elif isinstance(msg, Disconnect):
             log.warning("broker asked us to reconnect: %s", msg.reason)
             return False

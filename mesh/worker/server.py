@@ -5,11 +5,14 @@ The link decodes batches into a queue; the compute loop launches each on the eng
 output groups' post-processing (Matryoshka prefix, normalization, quantization; see
 :mod:`mesh.worker.pipeline`); the finisher waits for each batch's results in order, encodes
 them and hands them back to the link over inproc. So (de)serialization and the next batch's
-preparation overlap the device's work.
+preparation overlap the device's work. An idle worker runs a small, quick batch (a live
+query) on the link thread from end to end instead, sparing it three thread hand-offs
+(:meth:`WorkerServer._accept`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import logging
 import queue
@@ -40,6 +43,12 @@ from proto_msgs import (
 log = logging.getLogger("embedmesh.worker")
 
 SWITCH_INTERVAL_S = 0.0005  # GIL handoff bound while serving; see WorkerServer.run
+# An idle worker runs a batch on the link thread itself when it is a live query's size (the
+# ingress sends more than this many tokens on the batch lane) and batches of that size took
+# at most this long lately (scaled by tokens). Bounds how long the link stops reading (and
+# heartbeating) and how long a batch arriving meanwhile waits. See WorkerServer._accept.
+INLINE_MAX_TOKENS = 1024
+INLINE_MAX_MS = 10.0  # 0 turns the inline path off; 1..50 is reasonable
 
 
 class EmbeddingEngine(Protocol):
@@ -56,6 +65,7 @@ class WorkerOptions:
     max_batch_requests: int
     device: str
     test_hang_after: int | None = None  # test hook: the compute loop hangs after N batches
+    inline_max_ms: float = INLINE_MAX_MS  # 0: every batch goes through the compute thread
     profile_out: str | None = None  # diagnostics: cProfile the compute loop, stats here
 
 
@@ -121,12 +131,19 @@ class WorkerServer:
             heartbeat_ms=max(1, int(liveness.interval_s * 1000)),
             device=options.device,
         )
-        self.link = BrokerLink(ctx, broker_endpoint, ready, liveness, connect=connect)
-        device = torch.device(getattr(engine, "device", "cpu"))
-        self.pipeline = ResultPipeline(engine, device, depth=max(1, options.credits))
+        self.link = BrokerLink(
+            ctx, broker_endpoint, ready, liveness, connect=connect, accept=self._accept
+        )
+        self.device = torch.device(getattr(engine, "device", "cpu"))
+        self.pipeline = ResultPipeline(engine, self.device, depth=max(1, options.credits))
         self._done: queue.Queue[tuple[Incoming, Launched | list[Any]] | None] = queue.Queue()
-        self._outstanding = 0
+        self._outstanding = 0  # batches accepted from the link and not yet answered
         self._busy_lock = threading.Lock()
+        # The last small batch (<= INLINE_MAX_TOKENS): (tokens, compute ms); unknown at first,
+        # so the first one (a cold start, maybe a graph capture) takes the threaded path.
+        self._small: tuple[int, float] | None = None
+        # The test hook hangs the compute loop, which the inline path would step around.
+        self._inline_max_ms = 0.0 if options.test_hang_after is not None else options.inline_max_ms
         self.stats = LoopStats()
         self._stop = threading.Event()
 
@@ -162,7 +179,8 @@ class WorkerServer:
                     item = self.link.batches.get(timeout=0.1)
                 except queue.Empty:
                     continue
-                if item.epoch != self.link.epoch:
+                if item.epoch != self.link.epoch:  # the broker took it back when we reconnected
+                    self._track(-1)
                     continue
                 if (
                     self.options.test_hang_after is not None
@@ -171,7 +189,6 @@ class WorkerServer:
                     log.error("test hook: compute loop hangs now (after %d batches)", launched)
                     self._stop.wait()
                     break
-                self._track(+1)
                 started = time.perf_counter()
                 self.stats.waited_s += started - item.received_at
                 self._done.put((item, self._launch(item)))
@@ -196,6 +213,52 @@ class WorkerServer:
             if runner is not None:
                 log.info("worker graphs: %s", runner.summary())
 
+    def _accept(self, item: Incoming) -> list[Any] | None:
+        """Link thread, each batch: queue it for the compute loop, or, when the worker is idle
+        and the batch small and quick, run it here and return its reply frames for the link
+        to send.
+
+        An idle query then wakes one thread instead of four (link → compute → finisher →
+        link): each hand-off woke a sleeping thread, whose first microseconds run several
+        times slower than warm code (docs/benchmarks.md, "Idle query overhead"). Meanwhile
+        nothing else is in flight, so the only cost is that a batch arriving during it is
+        launched after it instead of beside it; INLINE_MAX_MS bounds that, and how long the
+        link does not read or heartbeat.
+        """
+        with self._busy_lock:
+            inline = self._outstanding == 0 and self._quick(item.batch)
+            self._outstanding += 1
+            self.link.busy = True
+        if not inline:
+            self.link.batches.put(item)
+            return None
+        started = time.perf_counter()
+        self.stats.waited_s += started - item.received_at
+        gpu = torch.cuda.device(self.device) if self.device.type == "cuda" else None
+        with gpu or contextlib.nullcontext():  # CUDA's current device is per thread
+            launched = self._launch(item)
+            launch_end = time.perf_counter()
+            self.stats.launch_s += launch_end - started
+            frames = launched if isinstance(launched, list) else self._collect(item, launched)
+        self.stats.collect_s += time.perf_counter() - launch_end
+        self._answered()
+        return frames
+
+    def _quick(self, batch: BatchAssign) -> bool:
+        """Small enough for the link thread: a live query's size, and the last batch of that
+        size, scaled up to this one's tokens, computed within the inline bound."""
+        tokens = len(batch.token_ids)
+        if tokens > INLINE_MAX_TOKENS or self._small is None or self._stop.is_set():
+            return False
+        seen_tokens, seen_ms = self._small
+        return seen_ms * max(1.0, tokens / max(1, seen_tokens)) <= self._inline_max_ms
+
+    def _answered(self) -> None:
+        """A batch's reply is with the link: count progress, free the worker."""
+        self.stats.batches += 1
+        self.link.progress = self.stats.batches
+        self._track(-1)
+
     def _launch(self, item: Incoming) -> Launched | list[Any]:
         """Launch ``item`` on the engine, or the frames of its error reply."""
         batch = item.batch
@@ -204,9 +267,11 @@ class WorkerServer:
             return encode(
                 BatchError(batch.batch_id, ErrorCode.DEADLINE_EXCEEDED, "batch expired", False)
             )
-        problem = self._check(batch)
-        if problem:
+        if batch.model != self.model.name:
+            problem = f"this worker serves {self.model.name!r}, not {batch.model!r}"
             return encode(BatchError(batch.batch_id, ErrorCode.INVALID_INPUT, problem, False))
+        # Ids, lengths and dims are checked once, by the engine and finalize (ValueError),
+        # not again here: the broker already checked what it dispatched.
         try:
             return self.pipeline.launch(batch)
         except ValueError as exc:  # e.g. dims wider than the model: the input is at fault
@@ -233,9 +298,7 @@ class WorkerServer:
                     log.exception("could not hand batch results to the link")
                 self.stats.collect_s += collected - started
                 self.stats.send_s += time.perf_counter() - collected
-                self.stats.batches += 1
-                self.link.progress = self.stats.batches
-                self._track(-1)
+                self._answered()
         finally:
             self.stats.cpu_s["finisher"] = time.thread_time()
             sender.close(linger=0)
@@ -246,6 +309,8 @@ class WorkerServer:
         try:
             groups, ms = self.pipeline.collect(launched)
             timings = reply_timings(item.received_at, launched)
+            if len(item.batch.token_ids) <= INLINE_MAX_TOKENS:
+                self._small = (len(item.batch.token_ids), timings["worker_compute"])
             result = BatchResult(launched.batch_id, ms, groups, timings)
             return encode(result)
         except Exception as exc:  # a device fault surfaces here, at the wait
@@ -256,16 +321,3 @@ class WorkerServer:
         with self._busy_lock:
             self._outstanding += delta
             self.link.busy = self._outstanding > 0
-
-    def _check(self, batch: BatchAssign) -> str | None:
-        if batch.model != self.model.name:
-            return f"this worker serves {self.model.name!r}, not {batch.model!r}"
-        if len(batch.token_ids) and int(batch.token_ids.max()) >= self.model.vocab_size:
-            return f"token id out of range (vocabulary size {self.model.vocab_size})"
-        longest = int(np.diff(batch.offsets).max())
-        if longest > self.model.max_input_tokens:
-            return f"sequence of {longest} tokens over the limit {self.model.max_input_tokens}"
-        for out in batch.outputs:
-            if out.dims is not None and out.dims > self.model.dims:
-                return f"dimensions {out.dims} over the model's {self.model.dims}"
-        return None

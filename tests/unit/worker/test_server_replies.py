@@ -1,7 +1,8 @@
 """WorkerServer against a ROUTER standing in for the broker: every batch gets exactly one
 reply, in order, and a reply that cannot be built becomes a retryable BatchError instead of
 ending the finisher thread (which would silence the worker for good); replies carry the
-worker's hop timings."""
+worker's hop timings; an idle worker answers a small, quick batch on its link thread and
+sends everything else through the compute thread."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
+import pytest
 import torch
 import zmq
 
 from mesh.config import Liveness
-from mesh.worker.server import WorkerOptions, WorkerServer
+from mesh.worker.server import INLINE_MAX_TOKENS, WorkerOptions, WorkerServer
 from proto_msgs import (
     BatchAssign,
     BatchError,
@@ -42,15 +44,17 @@ class SumEngine:
         return torch.from_numpy(sums)[:, None] * torch.arange(1, DIMS + 1, dtype=torch.float32)
 
 
-def _assign(batch_id: int) -> BatchAssign:
+def _assign(batch_id: int, tokens: int = 4) -> BatchAssign:
+    ids = np.ones(tokens, dtype=np.int32)
+    ids[:4] = [1, 2, 3, batch_id]
     return BatchAssign(
         batch_id=batch_id,
         model="m",
         timeout_ms=10_000,
         outputs=[OutputOptions(normalize=False)],
         output_index=np.zeros(2, dtype=np.int32),
-        token_ids=np.array([1, 2, 3, batch_id], dtype=np.int32),
-        offsets=np.array([0, 2, 4], dtype=np.int32),
+        token_ids=ids,
+        offsets=np.array([0, 2, tokens], dtype=np.int32),
     )
 
 
@@ -63,14 +67,16 @@ def _next_reply(router: zmq.Socket):
 
 
 @contextmanager
-def serving(engine: SumEngine, endpoint: str) -> Iterator[tuple[zmq.Socket, bytes, WorkerServer]]:
+def serving(
+    engine: SumEngine, endpoint: str, inline_max_ms: float = 10.0
+) -> Iterator[tuple[zmq.Socket, bytes, WorkerServer]]:
     """A running WorkerServer around ``engine``, the ROUTER it said READY to, and its
     identity there; stopped (and its thread joined) on exit."""
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     router.bind(endpoint)
-    info = ModelInfo("m", [], DIMS, 512, 1000, "mean", False, "0" * 64)
-    options = WorkerOptions("w", 2, 1024, 64, "cpu")
+    info = ModelInfo("m", [], DIMS, 4096, 1000, "mean", False, "0" * 64)
+    options = WorkerOptions("w", 2, 4096, 64, "cpu", inline_max_ms=inline_max_ms)
     server = WorkerServer(ctx, engine, info, b"{}", endpoint, options, Liveness(interval_s=0.5))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -87,8 +93,10 @@ def serving(engine: SumEngine, endpoint: str) -> Iterator[tuple[zmq.Socket, byte
     assert not thread.is_alive()
 
 
-def test_every_batch_gets_one_reply_even_when_building_one_fails() -> None:
-    with serving(SumEngine(), "inproc://fake-broker") as (router, identity, server):
+@pytest.mark.parametrize("inline_max_ms", [0.0, 10.0])
+def test_every_batch_gets_one_reply_even_when_building_one_fails(inline_max_ms: float) -> None:
+    endpoint = f"inproc://fake-broker-{inline_max_ms}"
+    with serving(SumEngine(), endpoint, inline_max_ms) as (router, identity, server):
         real_collect = server.pipeline.collect
 
         def collect(launched):  # batch 2's results come back in a dtype the wire refuses
@@ -110,6 +118,7 @@ def test_every_batch_gets_one_reply_even_when_building_one_fails() -> None:
     np.testing.assert_allclose(ok3.embeddings[0], want)
     # Counted after each send, so only certain once the loop has stopped.
     assert server.stats.batches == 3 and server.link.progress == 3
+    assert not server.link.busy
 
 
 class SleepyEngine(SumEngine):
@@ -144,3 +153,78 @@ def test_a_reply_carries_the_workers_hop_timings() -> None:
     assert all(math.isfinite(v) and v >= 0 for v in reply.timings.values())
     # The compute stamps bracket the engine call: its sleep is a floor, not a timing target.
     assert reply.timings["worker_compute"] >= delay_s * 1000
+
+
+class ThreadSpy(SumEngine):
+    """Records which thread ran each batch."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.threads: list[str] = []
+
+    def embed(self, ids: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
+        self.threads.append(threading.current_thread().name)
+        time.sleep(self.delay_s)
+        return super().embed(ids, offsets)
+
+
+def _answer_one_at_a_time(router: zmq.Socket, identity: bytes, batches: list[BatchAssign]):
+    replies = []
+    for b in batches:  # one at a time: the worker is idle whenever the next one arrives
+        router.send_multipart([identity, *encode(b)])
+        replies.append(_next_reply(router))
+    return replies
+
+
+def test_an_idle_worker_answers_small_quick_batches_on_its_link_thread() -> None:
+    engine = ThreadSpy()
+    with serving(engine, "inproc://fake-broker-4") as (router, identity, server):
+        replies = _answer_one_at_a_time(router, identity, [_assign(i) for i in (1, 2, 3)])
+    assert [r.batch_id for r in replies] == [1, 2, 3]
+    assert all(isinstance(r, BatchResult) for r in replies)
+    # The first has no compute time to go by (a cold start can be slow): compute thread.
+    assert engine.threads[0] != "broker-link"
+    assert engine.threads[1:] == ["broker-link", "broker-link"]
+    assert server.stats.batches == 3 and not server.link.busy
+
+
+@pytest.mark.parametrize(
+    ("why", "delay_s", "tokens", "inline_max_ms"),
+    [
+        ("over the size of a live query", 0.0, INLINE_MAX_TOKENS + 1, 10.0),
+        ("batches that size took too long lately", 0.03, 4, 10.0),
+        ("the inline path is off", 0.0, 4, 0.0),
+    ],
+)
+def test_other_batches_go_through_the_compute_thread(
+    why: str, delay_s: float, tokens: int, inline_max_ms: float
+) -> None:
+    engine = ThreadSpy(delay_s)
+    endpoint = f"inproc://fake-broker-5-{len(why)}"
+    with serving(engine, endpoint, inline_max_ms) as (router, identity, _):
+        batches = [_assign(i, tokens) for i in (1, 2, 3)]
+        replies = _answer_one_at_a_time(router, identity, batches)
+    assert [r.batch_id for r in replies] == [1, 2, 3], why
+    assert all(isinstance(r, BatchResult) for r in replies), why
+    assert len(engine.threads) == 3 and "broker-link" not in engine.threads, why
+
+
+def test_batches_queued_behind_a_busy_worker_and_inline_ones_are_all_answered() -> None:
+    engine = ThreadSpy(delay_s=0.002)
+    with serving(engine, "inproc://fake-broker-6") as (router, identity, server):
+        _answer_one_at_a_time(router, identity, [_assign(1)])  # gives a compute estimate
+        # A big batch keeps the compute thread busy; the small ones behind it are queued.
+        batches = [_assign(2, INLINE_MAX_TOKENS + 1)] + [_assign(b) for b in range(3, 12)]
+        for b in batches:
+            router.send_multipart([identity, *encode(b)])
+        replies = [_next_reply(router) for _ in batches]
+        replies += _answer_one_at_a_time(router, identity, [_assign(12)])  # idle again
+    assert sorted(r.batch_id for r in replies) == list(range(2, 13))
+    for r in replies:
+        assert isinstance(r, BatchResult)
+        if r.batch_id != 2:
+            np.testing.assert_allclose(
+                r.embeddings[0][1], (3.0 + r.batch_id) * np.arange(1, DIMS + 1)
+            )
+    assert engine.threads[-1] == "broker-link" and engine.threads[1] != "broker-link"
+    assert server.stats.batches == 12 and not server.link.busy
