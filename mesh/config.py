@@ -14,6 +14,11 @@ MAX_BATCH_TOKENS_GPU = 16384  # per batch on a GPU; 8k..64k (FlashInfer plan cos
 MAX_BATCH_REQUESTS = 512  # sequences per batch; 32..2048
 MAX_QUEUED_TOKENS = 4_000_000  # per model before OVERLOADED; ~ a few seconds of GPU work
 BATCH_TIMEOUT_S = 60.0  # a batch not back by then marks its worker hung; 10..300
+# A worker holding batches whose heartbeat progress counter (finished batches) has not moved
+# for this long is hung (a live socket in front of a stuck compute loop), counted from the later
+# of its last progress and the dispatch of its oldest held batch. Longer than the slowest
+# batch's compute; 5..300.
+HANG_S = 30.0
 MAX_ATTEMPTS = 3  # dispatches of one sequence before WORKER_FAILED; 2..5
 AGING_S = 1.0  # a batch-lane head older than this goes before interactive work; 0.2..10
 # Live work first: while a model has interactive work waiting, or had some within LIVE_WINDOW_S,

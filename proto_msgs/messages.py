@@ -255,14 +255,18 @@ class WorkerReady(Message):
     max_batch_tokens: int
     max_batch_requests: int
     credits: int  # batches it accepts at once (2 = one running, one prefetched)
-    heartbeat_ms: int
+    heartbeat_ms: int  # its heartbeat interval: silent for this x the broker's liveness = dead
     device: str
 
     def validate(self) -> None:
         if not 1 <= self.credits <= 64:
             raise ProtocolError("WorkerReady: credits out of 1..64")
-        if self.max_batch_tokens < 1 or self.max_batch_requests < 1 or self.heartbeat_ms < 1:
+        if self.max_batch_tokens < 1 or self.max_batch_requests < 1:
             raise ProtocolError("WorkerReady: budgets must be positive")
+        # The broker declares the worker dead after heartbeat_ms x its liveness of silence: a
+        # worker must not be able to make itself immortal.
+        if not 1 <= self.heartbeat_ms <= 60_000:
+            raise ProtocolError("WorkerReady: heartbeat_ms out of 1..60000")
 
 
 @register

@@ -18,8 +18,9 @@ class WorkerState:
     free: int  # credits not in use now
     device: str
     last_heard: float
+    expiry_s: float  # silence after which it is dead: its own heartbeat x the broker's liveness
     progress: int = 0  # batches the worker says it finished
-    progress_at: float = 0.0  # when progress last moved
+    progress_at: float = 0.0  # when progress last moved (or a result came back)
 
 
 @dataclass
@@ -31,7 +32,7 @@ class Registry:
     known_models: dict[str, ModelInfo] = field(default_factory=dict)  # ever announced
     _rr: int = 0
 
-    def add(self, identity: bytes, ready: WorkerReady, now: float) -> WorkerState:
+    def add(self, identity: bytes, ready: WorkerReady, now: float, liveness: int) -> WorkerState:
         state = WorkerState(
             identity=identity,
             name=ready.name,
@@ -42,6 +43,7 @@ class Registry:
             free=ready.credits,
             device=ready.device,
             last_heard=now,
+            expiry_s=ready.heartbeat_ms / 1000 * liveness,
             progress_at=now,
         )
         self.workers[identity] = state
@@ -58,8 +60,8 @@ class Registry:
             state.last_heard = now
         return state
 
-    def silent(self, now: float, expiry_s: float) -> list[WorkerState]:
-        return [w for w in self.workers.values() if now - w.last_heard > expiry_s]
+    def silent(self, now: float) -> list[WorkerState]:
+        return [w for w in self.workers.values() if now - w.last_heard > w.expiry_s]
 
     def resolve(self, name: str) -> str | None:
         """Canonical model name for a name or alias, among models ever announced."""

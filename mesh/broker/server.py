@@ -25,6 +25,7 @@ from mesh.broker.trust import submit_problem
 from mesh.config import (
     AGING_S,
     BATCH_TIMEOUT_S,
+    HANG_S,
     LIVE_BULK_BATCHES,
     LIVE_WINDOW_S,
     MAX_ATTEMPTS,
@@ -66,6 +67,7 @@ class BrokerOptions:
     liveness: Liveness = field(default_factory=Liveness)
     max_queued_tokens: int = MAX_QUEUED_TOKENS
     batch_timeout_s: float = BATCH_TIMEOUT_S
+    hang_s: float = HANG_S  # holding batches with no progress this long: buried as hung
     max_attempts: int = MAX_ATTEMPTS
     aging_s: float = AGING_S
     # While a model sees live traffic, each worker holds at most this many of its batch budgets
@@ -172,13 +174,26 @@ class Broker:
         beat = encode(Heartbeat(progress=0, busy=False))
         for identity in self.registry.workers:
             self.back.send_multipart([identity, *beat])
-        for worker in self.registry.silent(now, self.opts.liveness.expiry_s):
+        for worker in self.registry.silent(now):
             self._bury(worker.identity, f"silent for {now - worker.last_heard:.1f}s", now)
         for batch in self.inflight.overdue(now):
             if batch.worker in self.registry.workers:
                 self._bury(batch.worker, f"batch {batch.batch_id} overdue (hung?)", now)
+        self._bury_stalled(now)
         self._fail_orphans(now)
         self._expire(now)
+
+    def _bury_stalled(self, now: float) -> None:
+        """Bury workers that hold batches while their progress counter stands still."""
+        for worker in list(self.registry.workers.values()):
+            held = self.inflight.for_worker(worker.identity)
+            if not held:
+                continue  # an idle worker makes no progress and is not hung
+            # A batch dispatched after the last progress may fairly take hang_s on its own.
+            since = max(worker.progress_at, held[0].dispatched_at)
+            if now - since > self.opts.hang_s:
+                why = f"no progress for {now - since:.1f}s holding {len(held)} batches (hung?)"
+                self._bury(worker.identity, why, now)
 
     def _expire(self, now: float) -> None:
         for request in self.queue.expire(now):
@@ -296,7 +311,7 @@ class Broker:
         if isinstance(msg, WorkerReady):
             if identity in self.registry.workers:
                 self._bury(identity, "re-registered", now, tell=False)
-            worker = self.registry.add(identity, msg, now)
+            worker = self.registry.add(identity, msg, now, self.opts.liveness.liveness)
             self._orphaned_since.pop(worker.model.name, None)
             log.info(
                 "worker %s ready: %s on %s, %d credits, %d tokens/batch",
@@ -331,6 +346,7 @@ class Broker:
         if batch is None or batch.plan is None:
             return  # a duplicate, or a batch already taken back: harmless
         worker.free += 1
+        worker.progress_at = now  # a result is progress, before the next heartbeat says so
         try:
             chunks = batch.plan.split(msg.embeddings)
         except ValueError as exc:
@@ -374,6 +390,7 @@ class Broker:
         if batch is None:
             return
         worker.free += 1
+        worker.progress_at = now
         if msg.retryable:
             self._requeue([batch])
         elif len({piece.request for piece in batch.slices if piece.request.live}) > 1:

@@ -74,7 +74,7 @@ def ready(model: ModelInfo | None = None, **changes: Any) -> WorkerReady:
         max_batch_tokens=64,
         max_batch_requests=16,
         credits=1,
-        heartbeat_ms=100,
+        heartbeat_ms=1000,
         device="cpu",
     )
     return WorkerReady(**{**fields, **changes})

@@ -7,7 +7,14 @@ import logging
 import numpy as np
 
 from mesh.broker import server
-from proto_msgs import BatchAssign, BatchError, BatchResult, RequestResult
+from proto_msgs import (
+    BatchAssign,
+    BatchError,
+    BatchResult,
+    Disconnect,
+    Heartbeat,
+    RequestResult,
+)
 from tests.unit.broker.fakes import Harness, answer, ready, submit
 
 
@@ -109,3 +116,50 @@ def test_the_peers_remembered_as_warned_are_bounded(monkeypatch):
     h.pump()
     assert h.broker.dropped == 20 and len(h.broker._warned_peers) == 8
     assert b"peer19" in h.broker._warned_peers and b"peer0" not in h.broker._warned_peers
+
+
+def beat(h: Harness, identity: bytes, progress: int, at: float) -> None:
+    h.now = at
+    h.back.push(identity, Heartbeat(progress=progress, busy=True))
+    h.pump()
+    h.broker._tick(at)
+
+
+def test_a_worker_whose_progress_stands_still_while_it_holds_work_is_buried_as_hung():
+    h = Harness(hang_s=5.0)
+    h.add_worker(b"w1")
+    h.submit(submit(1, [3]))
+    h.add_worker(b"w2")  # idle: no progress either, but it holds nothing
+    [(held_by, _)] = h.back.take(BatchAssign)
+    assert held_by == b"w1"
+    for second in range(1, 6):
+        for worker in (b"w1", b"w2"):
+            beat(h, worker, 0, float(second))
+    assert set(h.broker.registry.workers) == {b"w1", b"w2"}
+    beat(h, b"w1", 0, 5.5)
+    assert set(h.broker.registry.workers) == {b"w2"}
+    sent = h.back.take()
+    assert [i for i, m in sent if isinstance(m, Disconnect)] == [b"w1"]
+    # The hung worker's batch went to the other worker.
+    assert [i for i, m in sent if isinstance(m, BatchAssign)] == [b"w2"]
+
+
+def test_a_slow_worker_whose_progress_moves_is_not_hung():
+    h = Harness(hang_s=5.0)
+    h.add_worker(b"w1", ready(credits=2, max_batch_tokens=3))
+    h.submit(submit(1, [3] * 10))
+    for second in range(1, 20):
+        beat(h, b"w1", second // 4, float(second))  # a batch finishes every 4 seconds
+    assert set(h.broker.registry.workers) == {b"w1"}
+
+
+def test_a_workers_silence_expiry_follows_the_heartbeat_it_announced():
+    h = Harness()  # liveness 3
+    h.add_worker(b"fast", ready(heartbeat_ms=100))
+    h.add_worker(b"slow", ready(heartbeat_ms=2000))
+    h.broker._tick(1.0)
+    assert set(h.broker.registry.workers) == {b"slow"}
+    h.broker._tick(5.9)
+    assert set(h.broker.registry.workers) == {b"slow"}
+    h.broker._tick(6.1)
+    assert not h.broker.registry.workers
