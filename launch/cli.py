@@ -17,6 +17,7 @@ from launch.roles import Security, WorkerConfig, run_broker, run_worker
 from launch.supervisor import RESTART_LIMIT, die_with_parent_from_env
 from mesh import config
 from mesh.config import Liveness
+from mesh.ingress.config import BODY_TIMEOUT_S, DRAIN_GRACE_S
 from mesh.transport import InsecureBindError
 
 DEFAULT_FRONTEND = "tcp://127.0.0.1:5555"
@@ -52,6 +53,14 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     type=int,
     default=config.MAX_ATTEMPTS,
     help="[broker] Dispatches of one input before it fails with WORKER_FAILED.",
+)
+@click.option(
+    "--orphan-grace",
+    type=click.FloatRange(min=0),
+    show_default="one heartbeat expiry; with --role all, --request-timeout",
+    help="[broker, all] Seconds the queued work of a model whose last worker left waits for "
+    "a worker to come back before it fails with 503 (each request still ends at its own "
+    "deadline). --role all restarts dead workers, so there it waits out the request timeout.",
 )
 @click.option(
     "--aging",
@@ -190,6 +199,23 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     default=config.DEFAULT_REQUEST_TIMEOUT_S,
     help="[ingress] Seconds before a request fails with 504.",
 )
+@click.option(
+    "--body-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=BODY_TIMEOUT_S,
+    help="[ingress, all] Seconds a request body may take to arrive after its headers; "
+    "later: 408 and the connection is closed.",
+)
+@click.option(
+    "--drain-grace",
+    type=click.FloatRange(min=0),
+    default=DRAIN_GRACE_S,
+    help="[ingress, all] On SIGTERM or SIGINT the ingress closes its listening socket at once "
+    "(new connections are refused; a request on an open connection gets 503), lets accepted "
+    "requests finish for up to this many seconds, then exits 0. --role all stops the "
+    "ingresses first and waits this long (plus a margin) for them, then the workers (each "
+    "finishes the batches it holds), then the broker.",
+)
 # all
 @click.option("--workers", type=int, default=1, help="[all] Worker processes to start.")
 @click.option(
@@ -260,6 +286,7 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
                 batch_timeout_s=opts["batch_timeout"],
                 max_attempts=opts["max_attempts"],
                 aging_s=opts["aging"],
+                orphan_grace_s=opts["orphan_grace"],
             )
         elif role == "worker":
             device = f"cuda:{opts['gpu']}" if opts["gpu"] is not None else str(opts["device"])

@@ -15,7 +15,7 @@ import click
 
 from launch.roles import Security, client_connector
 from mesh.config import Liveness
-from mesh.ingress.config import IngressConfig
+from mesh.ingress.config import BODY_TIMEOUT_S, DRAIN_GRACE_S, IngressConfig
 
 DEFAULT_BROKER = "tcp://127.0.0.1:5555"
 
@@ -62,12 +62,15 @@ def ingress_config(opts: dict, liveness: Liveness) -> IngressConfig:
         request_timeout_s=float(opts["request_timeout"]),
         liveness=liveness,
         reuse_port=bool(opts.get("reuse_port")),
+        drain_grace_s=float(opts.get("drain_grace", DRAIN_GRACE_S)),
+        body_timeout_s=float(opts.get("body_timeout", BODY_TIMEOUT_S)),
     )
 
 
 def run_ingress_role(opts: dict, liveness: Liveness, security: Security) -> int:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully; with several processes, run
-    them as children instead. Returns the exit status."""
+    """Serve until SIGTERM or SIGINT, then drain (refuse new work, finish what was accepted
+    within --drain-grace); with several processes, run them as children instead. Returns the
+    exit status."""
     if ingress_procs(opts) > 1:
         from launch.supervisor import run_ingress_group
 

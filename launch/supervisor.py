@@ -6,8 +6,11 @@ dir (loopback TCP where ipc is missing). It waits until ``GET /health`` answers 
 ingress process has answered it, and ``GET /v1/models`` counts every worker, prints one line
 with the URL on stdout, then watches:
 
-- SIGINT / SIGTERM: stop the children (ingresses, then workers, then broker; SIGTERM, then
-  SIGKILL after a grace) and exit 0;
+- SIGINT / SIGTERM: stop the children in order, each stage with SIGTERM, then SIGKILL after
+  its wait: the ingresses first (each closes its listening socket, refuses what arrives later
+  with 503 and finishes what it accepted within ``--drain-grace``; we wait that plus
+  DRAIN_MARGIN_S), then the workers (each finishes the batches it holds and says Disconnect),
+  then the broker; exit 0;
 - a child that exits on its own during start-up: name it, print the tail of its output, stop
   the rest and exit 1 (a mesh that never served has nothing to keep up);
 - a child that exits on its own while serving: name it, print the tail of its output and
@@ -55,9 +58,17 @@ from typing import Any
 import zmq
 
 from launch.ingress_role import DEFAULT_BROKER, api_key, ingress_procs
+from mesh.config import DEFAULT_REQUEST_TIMEOUT_S
+from mesh.ingress.config import DRAIN_GRACE_S
 
 START_TIMEOUT_S = 120.0  # model load on a slow CPU plus imports; a GPU start is faster
-STOP_GRACE_S = 5.0  # per stage (ingress, workers, broker) before SIGKILL
+# How long each stage of a stop may take before SIGKILL. Ingresses: their --drain-grace plus
+# DRAIN_MARGIN_S (closing the mesh client, exiting the interpreter; 2..10 is reasonable).
+# Workers: WORKER_STOP_S, the time to finish the batches they hold (their compute loop waits
+# 10 s for the last one, their link 5 s more). The broker: STOP_GRACE_S.
+DRAIN_MARGIN_S = 5.0
+WORKER_STOP_S = 20.0
+STOP_GRACE_S = 5.0
 POLL_S = 0.2
 # A role that dies while serving is restarted after RESTART_BACKOFF_S, doubling up to
 # RESTART_BACKOFF_MAX_S; a run of STABLE_RUN_S resets its count. --restart-limit restarts in a
@@ -130,7 +141,12 @@ def run_ingress_group(opts: dict[str, Any]) -> int:
 
     def start(tmp: Path, metrics_dir: Path | None, children: list[Child], stop: Event) -> None:
         children += spawn(commands, lambda name: {**child_env(opts, name, metrics_dir), **extra})
-        asyncio.run(_wait_listening(opts, children, stop))
+        url = asyncio.run(_wait_listening(opts, children, stop))
+        if not stop.is_set():
+            # As --role all does: the line says the group is up (a child that dies before it
+            # fails the start; after it, the child is restarted).
+            procs = ingress_procs(opts)
+            print(f"embedmesh ingress serving at {url} ({procs} processes)", flush=True)
 
     return _supervise(opts, "embedmesh-ingress-", start)
 
@@ -156,7 +172,7 @@ def _supervise(
         print(f"embedmesh: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
-        _stop_all(children)
+        _stop_all(children, _drain_grace(opts))
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -166,6 +182,11 @@ def _stop_on_signals() -> Event:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     return stop
+
+
+def _drain_grace(opts: dict[str, Any]) -> float:
+    grace = opts.get("drain_grace")
+    return DRAIN_GRACE_S if grace is None else float(grace)
 
 
 def _restart_limit(opts: dict[str, Any]) -> int:
@@ -359,6 +380,8 @@ def role_commands(opts: dict[str, Any], frontend: str, backend: str) -> dict[str
         "--backend",
         backend,
         *_flags(opts, "max_queued_tokens", "batch_timeout", "max_attempts", "aging"),
+        "--orphan-grace",
+        str(_orphan_grace(opts)),
     ]
     commands = {"broker": broker}
     workers = int(opts["workers"])
@@ -394,6 +417,16 @@ def role_commands(opts: dict[str, Any], frontend: str, backend: str) -> dict[str
     return {name: [*args, *_common(opts)] for name, args in commands.items()}
 
 
+def _orphan_grace(opts: dict[str, Any]) -> float:
+    """How long the broker holds the queued work of a model whose workers all died: as given,
+    else the request timeout. We restart a dead worker, and a restart with a model load takes
+    longer than the broker's own default (one heartbeat expiry), which would fail with 503
+    work that the restarted worker could still finish within its deadline."""
+    if opts.get("orphan_grace") is not None:
+        return float(opts["orphan_grace"])
+    return float(opts.get("request_timeout") or DEFAULT_REQUEST_TIMEOUT_S)
+
+
 def ingress_commands(opts: dict[str, Any], brokers: list[str]) -> dict[str, list[str]]:
     """The ``launch.cli`` arguments of each ingress child: ``ingress`` alone, or ``ingress-0``
     ... sharing the port. The API key is not among them (see ``child_env``)."""
@@ -415,6 +448,8 @@ def ingress_commands(opts: dict[str, Any], brokers: list[str]) -> dict[str, list
             "max_inputs",
             "tokenizer_threads",
             "request_timeout",
+            "drain_grace",
+            "body_timeout",
             "insecure",
         ),
     ]
@@ -538,10 +573,12 @@ async def _wait_ready(opts: dict[str, Any], children: list[Child], stop: Event) 
     return await _wait_up(opts, children, stop, whole_mesh=True)
 
 
-async def _wait_listening(opts: dict[str, Any], children: list[Child], stop: Event) -> None:
+async def _wait_listening(opts: dict[str, Any], children: list[Child], stop: Event) -> str:
     """Until every ingress process of a group answers /health, whatever it says: the mesh
-    behind them is not ours to wait for. A child that dies before is a start-up failure."""
-    await _wait_up(opts, children, stop, whole_mesh=False)
+    behind them is not ours to wait for. A child that dies before is a start-up failure.
+    Returns the URL of /v1."""
+    url, _ = await _wait_up(opts, children, stop, whole_mesh=False)
+    return url
 
 
 async def _wait_up(
@@ -624,30 +661,36 @@ def _model_names(models: list[dict[str, Any]], opts: dict[str, Any]) -> str:
 # ---- stopping -------------------------------------------------------------------------------
 
 
-def _stop_all(children: list[Child]) -> None:
-    """Ingress first (no new requests), then workers, then the broker; SIGKILL after a grace."""
+def _stop_all(children: list[Child], drain_grace_s: float = DRAIN_GRACE_S) -> None:
+    """Ingresses first (they refuse new requests and finish theirs, which needs the workers
+    and the broker still up), then workers (they finish their batches, which needs the
+    broker), then the broker; each stage SIGTERM, then SIGKILL after its wait."""
     stages = [
-        [c for c in children if c.name.startswith("ingress")],
-        [c for c in children if c.name.startswith("worker")],
-        [c for c in children if c.name == "broker"],
+        ([c for c in children if c.name.startswith("ingress")], drain_grace_s + DRAIN_MARGIN_S),
+        ([c for c in children if c.name.startswith("worker")], WORKER_STOP_S),
+        ([c for c in children if c.name == "broker"], STOP_GRACE_S),
     ]
-    for stage in stages:
-        for child in stage:
-            if child.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    child.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for child in stage:
-            try:
-                child.proc.wait(max(0.01, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                print(
-                    f"embedmesh: {child.name} did not stop in {STOP_GRACE_S:.0f}s; killing it",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                child.proc.kill()
-                child.proc.wait()
+    for stage, wait_s in stages:
+        _stop_stage(stage, wait_s)
     for child in children:
         if child.pump is not None:
             child.pump.join(timeout=2)
+
+
+def _stop_stage(stage: list[Child], wait_s: float) -> None:
+    for child in stage:
+        if child.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    for child in stage:
+        try:
+            child.proc.wait(max(0.01, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(
+                f"embedmesh: {child.name} did not stop in {wait_s:.0f}s; killing it",
+                file=sys.stderr,
+                flush=True,
+            )
+            child.proc.kill()
+            child.proc.wait()

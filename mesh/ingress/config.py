@@ -8,6 +8,12 @@ from mesh.config import DEFAULT_REQUEST_TIMEOUT_S, Liveness
 
 MAX_BODY_BYTES = 16 << 20  # a request body; 2048 inputs of ~8 kB text fit
 MAX_INPUTS = 2048  # inputs in one request, as the OpenAI API allows
+# After SIGTERM, requests already accepted get this long to finish; 5..300 is reasonable (the
+# longest request you expect, within what the service manager waits: systemd's 90 s default).
+DRAIN_GRACE_S = 30.0
+# A request body must arrive within this long of its headers, else 408: a client that stalls
+# must not hold a connection (and, during a drain, the stop) for ever; 5..120 is reasonable.
+BODY_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -25,3 +31,5 @@ class IngressConfig:
     # Bind with SO_REUSEPORT: one of --ingress-procs N processes sharing the port. Off for a
     # lone ingress, so that a second server on a busy port fails instead of sharing it.
     reuse_port: bool = False
+    drain_grace_s: float = DRAIN_GRACE_S
+    body_timeout_s: float = BODY_TIMEOUT_S

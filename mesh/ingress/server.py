@@ -1,11 +1,28 @@
-"""Run one ingress until told to stop: the HTTP site, the mesh client, a graceful shutdown."""
+"""Run one ingress until told to stop: the HTTP site, the mesh client, a graceful drain.
+
+The drain, on ``stop`` (SIGTERM or SIGINT):
+
+1. the listening socket closes first, so a new connection is refused by the kernel;
+2. a request that arrives later on a kept-alive connection gets a 503 in the JSON error shape
+   with ``Connection: close``, and so does every response from then on: no client reuses a
+   connection that is about to close, which would end in a bare disconnect;
+3. accepted requests run to the end, for up to ``drain_grace_s``; idle kept-alive connections
+   stay open until then (or until IDLE_LINGER_S after the last request arrived), so that a
+   client sending on one gets that 503 rather than a reset;
+4. then the connections close, what still runs after the grace is cancelled, and the mesh
+   client closes.
+
+Every request body must also arrive within ``body_timeout_s`` of its headers, else 408.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 
 import zmq
 from aiohttp import web
@@ -13,11 +30,21 @@ from aiohttp import web
 from mesh.client import MeshClient
 from mesh.ingress.app import STATE, create_app
 from mesh.ingress.config import IngressConfig
+from mesh.ingress.http_errors import ApiError, error_response
 from mesh.ingress.metrics import multiprocess_dir
 
 log = logging.getLogger("embedmesh.ingress")
 
-SHUTDOWN_GRACE_S = 10.0  # in-flight requests get this long to finish after a stop; 1..60
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# After the drain grace, handlers still running get this long to notice their cancellation
+# before aiohttp closes their connections; 0.5..5 is reasonable.
+CUT_S = 1.0
+# During a drain with nothing in flight, idle kept-alive connections stay open this long after
+# the last request came in: a client that was about to send on one gets a 503 and
+# "Connection: close" instead of a reset. 0.2..2 is reasonable.
+IDLE_LINGER_S = 0.5
+DRAIN_POLL_S = 0.05
 # How often one of several processes writes its per-process gauges for scrapes that reach the
 # others; 0.5..5 s is reasonable (a scrape interval is 15 s or more).
 PUBLISH_INTERVAL_S = 1.0
@@ -28,8 +55,9 @@ async def serve(
     stop: asyncio.Event,
     connect: Callable[[zmq.Socket, str], None] | None = None,
 ) -> None:
-    """Serve HTTP on ``cfg.http_host:cfg.http_port`` until ``stop`` is set, then stop taking
-    connections, let in-flight requests finish (up to SHUTDOWN_GRACE_S) and close the client."""
+    """Serve HTTP on ``cfg.http_host:cfg.http_port`` until ``stop`` is set, then drain (see
+    the module's docstring): refuse new work, let accepted requests finish within
+    ``cfg.drain_grace_s``, close the connections and the client."""
     client = MeshClient(
         cfg.brokers,
         liveness=cfg.liveness,
@@ -39,12 +67,16 @@ async def serve(
     )
     await client.start()
     app = create_app(cfg, client)
+    gate = Gate(cfg.body_timeout_s)
+    # Inside the app's first middleware (which counts and times every request, so 408 and 503
+    # are counted) and outside its error mapping (our answers are final).
+    app.middlewares.insert(1, gate.middleware)
     # handler_cancellation: a client that hangs up cancels its handler, hence its mesh work.
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
         access_log=None,  # /metrics counts every request; a log line each costs at load
-        shutdown_timeout=SHUTDOWN_GRACE_S,
+        shutdown_timeout=CUT_S,  # our drain has already waited the grace
     )
     # One of several processes: keep our share of the per-process gauges fresh for scrapes
     # that reach a sibling. Alone, a scrape of this process refreshes them itself.
@@ -61,13 +93,121 @@ async def serve(
         log.info("ingress up: http://%s:%d (brokers %s)", cfg.http_host, cfg.http_port,
                  ", ".join(cfg.brokers))  # fmt: skip
         await stop.wait()
-        log.info("ingress stopping: finishing in-flight requests")
+        log.info("ingress draining: new connections refused, up to %.0fs for %d in flight",
+                 cfg.drain_grace_s, gate.in_flight)  # fmt: skip
+        await _drain(runner, gate, cfg.drain_grace_s)
     finally:
         if publisher is not None:
             publisher.cancel()
         await runner.cleanup()
         await client.close()
         log.info("ingress stopped")
+
+
+class Gate:
+    """The middleware that knows what a stop needs: how many requests are in flight and
+    whether we drain; and that bounds how long a request body may take to arrive."""
+
+    def __init__(self, body_timeout_s: float) -> None:
+        self.body_timeout_s = body_timeout_s
+        self.draining = False
+        self.in_flight = 0
+        self.last_arrival = time.monotonic()
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        self.last_arrival = time.monotonic()
+        if self.draining:
+            return await self._refuse(request)
+        self.in_flight += 1
+        try:
+            response = await self._within_body_timeout(request, handler)
+        finally:
+            self.in_flight -= 1
+        if self.draining:
+            response.force_close()  # "Connection: close": the client must not send here again
+        return response
+
+    async def _within_body_timeout(
+        self, request: web.Request, handler: Handler
+    ) -> web.StreamResponse:
+        """Run ``handler``; if the body has not fully arrived ``body_timeout_s`` after the
+        headers, cancel it (it waits in its read) and answer 408 on a closing connection."""
+        if request.content.is_eof():  # no body, or all of it is here already
+            return await handler(request)
+        task = asyncio.current_task()
+        assert task is not None
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            if not request.content.is_eof():
+                expired = True
+                task.cancel()
+
+        timer = asyncio.get_running_loop().call_later(self.body_timeout_s, expire)
+        try:
+            return await handler(request)
+        except asyncio.CancelledError:
+            if not expired:
+                raise  # the client hung up, or the server stops: not ours
+            task.uncancel()
+        finally:
+            timer.cancel()
+        return await self._timed_out(request)
+
+    async def _timed_out(self, request: web.Request) -> web.StreamResponse:
+        """408, written out before the connection closes: aiohttp would otherwise linger up
+        to 10 s reading the rest of a body that is not coming."""
+        err = ApiError(
+            408,
+            f"the request body did not arrive within {self.body_timeout_s:g}s of its headers",
+            code="request_timeout",
+        )
+        response = error_response(err)
+        response.force_close()
+        with contextlib.suppress(ConnectionError):
+            await response.prepare(request)
+            await response.write_eof()
+        request.protocol.force_close()  # closes after the buffered 408 is sent
+        return response
+
+    async def _refuse(self, request: web.Request) -> web.StreamResponse:
+        """503 for a request that arrived after the drain began. Its body is read first:
+        closing a socket with unread data sends a reset, which can destroy the 503 on its way
+        to the client."""
+        # Any failure to read (too large, malformed, too slow) changes nothing: we close.
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.body_timeout_s):
+                await request.read()
+        err = ApiError(
+            503,
+            "this server is shutting down; retry on a new connection",
+            "server_error",
+            "unavailable",
+        )
+        response = error_response(err)
+        response.force_close()
+        return response
+
+
+async def _drain(runner: web.AppRunner, gate: Gate, grace_s: float) -> None:
+    """Close the listening sockets, refuse what comes later on open connections and wait,
+    up to ``grace_s``, for the accepted requests (see the module's docstring)."""
+    for site in list(runner.sites):
+        await site.stop()  # the listener first: from here the kernel refuses connections
+    gate.draining = True
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if gate.in_flight == 0 and (
+            not (runner.server and runner.server.connections)
+            or time.monotonic() - gate.last_arrival >= IDLE_LINGER_S
+        ):
+            return
+        await asyncio.sleep(DRAIN_POLL_S)
+    if gate.in_flight:
+        log.warning("drain grace of %.0fs over: cancelling %d requests still in flight",
+                    grace_s, gate.in_flight)  # fmt: skip
 
 
 async def _publish_metrics(app: web.Application) -> None:

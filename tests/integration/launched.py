@@ -5,6 +5,7 @@ Shared by the supervisor tests and the ingress-processes tests.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -13,8 +14,10 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,3 +132,129 @@ def request(
     conn.request(method, path, body=data, headers=hdrs)
     resp = conn.getresponse()
     return resp.status, resp.read()
+
+
+# ---- load: clients posting embeddings one after another -----------------------------------
+
+
+@dataclass
+class Outcome:
+    """One request of a load client: when it ran, and how it ended."""
+
+    client: int
+    started: float  # time.monotonic()
+    ended: float
+    status: int  # the HTTP status; 0 when no response came
+    kind: str  # "ok" | "refused" (a clean 503, or the connection refused) | "error"
+    detail: str = ""
+
+
+class Load:
+    """``clients`` clients, each on its own kept-alive connection, posting one request of
+    ``texts[i]`` inputs after another to ``base`` (…/v1) in a thread of their own, until
+    ``stop()`` (or, with ``until_refused``, until a connection is refused: the server is gone).
+
+    Every request is classified: **ok** is a 200 whose body holds every embedding in full;
+    **refused** is a 503 in the JSON error shape or a connection the kernel refused (nothing
+    was sent); anything else, a reset, a disconnect without a response, a cut body, another
+    status, is an **error**: a request dropped or failed."""
+
+    def __init__(self, base: str, texts: list[int], until_refused: bool = False) -> None:
+        self.base = base
+        self.texts = texts
+        self.until_refused = until_refused
+        self.outcomes: list[Outcome] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def stop(self, timeout_s: float = 180) -> list[Outcome]:
+        self._stop.set()
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "load clients did not finish"
+        return self.outcomes
+
+    def wait_for(self, count: int, timeout_s: float = 120) -> None:
+        """Until ``count`` requests ended ok (the load is flowing)."""
+        deadline = time.monotonic() + timeout_s
+        while self.count("ok") < count:
+            assert time.monotonic() < deadline, f"load not flowing: {self.summary()}"
+            time.sleep(0.05)
+
+    def count(self, kind: str) -> int:
+        return sum(o.kind == kind for o in list(self.outcomes))
+
+    def summary(self) -> dict[str, int]:
+        """Requests by kind and status, e.g. {'sent': 40, 'ok': 37, 'refused': 3, '503': 1}."""
+        out = list(self.outcomes)
+        counts: dict[str, int] = {"sent": len(out)}
+        for o in out:
+            counts[o.kind] = counts.get(o.kind, 0) + 1
+            if o.status not in (0, 200):
+                counts[str(o.status)] = counts.get(str(o.status), 0) + 1
+        return counts
+
+    def errors(self) -> list[Outcome]:
+        return [o for o in list(self.outcomes) if o.kind == "error"]
+
+    def _run(self) -> None:
+        asyncio.run(self._clients())
+
+    async def _clients(self) -> None:
+        await asyncio.gather(*(self._client(i, n) for i, n in enumerate(self.texts)))
+
+    async def _client(self, index: int, texts: int) -> None:
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=1)  # one connection, kept alive
+        timeout = aiohttp.ClientTimeout(total=150)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+            n = 0
+            while not self._stop.is_set():
+                body = {"model": MODEL, "input": [f"client {index} request {n} text {j}: "
+                        "embeddings of a mesh that drains" for j in range(texts)]}  # fmt: skip
+                outcome = await self._post(http, index, body)
+                self.outcomes.append(outcome)
+                n += 1
+                if self.until_refused and outcome.kind == "refused" and outcome.status == 0:
+                    return
+                if outcome.kind != "ok":
+                    await asyncio.sleep(0.1)  # no tight loop against a server that is down
+
+    async def _post(self, http: Any, index: int, body: dict) -> Outcome:
+        import aiohttp
+
+        started = time.monotonic()
+        try:
+            async with http.post(f"{self.base}/embeddings", json=body) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except aiohttp.ClientConnectorError as exc:  # connect() failed: nothing was sent
+            return Outcome(index, started, time.monotonic(), 0, "refused", repr(exc))
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            return Outcome(index, started, time.monotonic(), 0, "error", repr(exc))
+        kind, detail = _classify(status, raw, len(body["input"]))
+        return Outcome(index, started, time.monotonic(), status, kind, detail)
+
+
+def _classify(status: int, raw: bytes, texts: int) -> tuple[str, str]:
+    """("ok" | "refused" | "error", what was wrong) for a response that came in full."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return "error", f"{status}: not JSON: {raw[:200]!r}"
+    if status == 200:
+        data = doc.get("data", [])
+        if len(data) == texts and all(len(d.get("embedding", ())) == 384 for d in data):
+            return "ok", ""
+        return "error", f"200 with {len(data)} of {texts} embeddings"
+    shaped = isinstance(doc, dict) and isinstance(doc.get("error"), dict)
+    if status == 503 and shaped:
+        return "refused", str(doc["error"].get("message"))
+    return "error", f"{status}: {raw[:300]!r}"

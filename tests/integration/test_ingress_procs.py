@@ -166,6 +166,9 @@ def test_role_ingress_with_two_procs_runs_two_children_on_one_port_keyed_by_file
         role="ingress",
     )  # fmt: skip
     try:
+        # Once the parent says the group is up: a child killed before is a failed start.
+        line = run.first_line(START_S)
+        assert line == f"embedmesh ingress serving at http://127.0.0.1:{port}/v1 (2 processes)"
         conns = _wait_for_pids(run, port)
         ingresses = ingress_children(run.proc.pid)
         assert set(conns) == ingresses and len(ingresses) == 2

@@ -304,3 +304,23 @@ def test_a_cpu_worker_ignores_cuda_kernel_choices(monkeypatch) -> None:
     with pytest.raises(Stop):
         roles.run_worker(cfg, Liveness(), roles.Security())
     assert seen["kernels"] is None
+
+
+def test_drain_body_and_orphan_settings_reach_the_roles_that_use_them() -> None:
+    from launch.supervisor import role_commands
+
+    def value(args: list[str], flag: str) -> str | None:
+        return args[args.index(flag) + 1] if flag in args else None
+
+    cmds = role_commands(
+        _opts(drain_grace=45.0, body_timeout=7.0, ingress_procs=2), "ipc:///f", "ipc:///b"
+    )
+    for name in ("ingress-0", "ingress-1"):
+        assert value(cmds[name], "--drain-grace") == "45.0"
+        assert value(cmds[name], "--body-timeout") == "7.0"
+    assert value(cmds["worker-0"], "--drain-grace") is None
+    # --role all restarts dead workers: the broker holds their model's work for the request
+    # timeout unless told otherwise.
+    assert value(cmds["broker"], "--orphan-grace") == "120.0"
+    cmds = role_commands(_opts(orphan_grace=2.5, request_timeout=30.0), "ipc:///f", "ipc:///b")
+    assert value(cmds["broker"], "--orphan-grace") == "2.5"

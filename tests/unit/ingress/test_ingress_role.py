@@ -149,3 +149,10 @@ def test_the_launcher_refuses_port_zero_and_a_port_in_use() -> None:
         with pytest.raises(RoleFailed, match="another server"):
             check_port_free("127.0.0.1", port)
     check_port_free("127.0.0.1", port)  # free again once its listener closed
+
+
+def test_drain_grace_and_body_timeout_reach_the_config() -> None:
+    cfg = ingress_config(params(), Liveness())
+    assert (cfg.drain_grace_s, cfg.body_timeout_s) == (30.0, 30.0)
+    cfg = ingress_config(params("--drain-grace", "5", "--body-timeout", "2.5"), Liveness())
+    assert (cfg.drain_grace_s, cfg.body_timeout_s) == (5.0, 2.5)

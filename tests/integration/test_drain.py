@@ -1,0 +1,109 @@
+"""Stopping a mesh under load: SIGTERM drains, a stalled body times out. Real processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tests.integration.launched import START_S, Load, free_port, start
+
+GRACE_S = 60  # far more than the test's requests need: the drain, not the grace, ends them
+
+
+def _base(line: str) -> str:
+    assert line.startswith("embedmesh serving "), line
+    return line.split(" at ")[1].split(" ")[0]
+
+
+def test_sigterm_under_load_finishes_every_accepted_request_refuses_the_rest_and_exits_0(
+    tmp_path: Path,
+) -> None:
+    run = start(tmp_path, "--http-port", str(free_port()), "--drain-grace", str(GRACE_S))
+    try:
+        base = _base(run.first_line(START_S))
+        # Three light clients and a heavy one, whose requests take longer than the old
+        # fixed 5 s stop of a stage: it is in flight when the signal comes.
+        with Load(base, [4, 4, 4, 150], until_refused=True) as load:
+            load.wait_for(5)
+            time.sleep(1.0)
+            signalled = time.monotonic()
+            run.proc.send_signal(signal.SIGTERM)
+            code = run.proc.wait(timeout=GRACE_S + 60)
+            outcomes = load.stop()
+    finally:
+        run.kill()
+    err = run.stderr.read_text()
+    assert code == 0, err[-3000:]
+    assert "killing it" not in err, err[-3000:]
+    summary = load.summary()
+    errors = load.errors()
+    assert not errors, f"{len(errors)} dropped or failed ({summary}): {errors[:5]}"
+    in_flight = [o for o in outcomes if o.started < signalled < o.ended]
+    assert in_flight, f"nothing was in flight at SIGTERM; the test proves nothing ({summary})"
+    assert all(o.kind == "ok" for o in in_flight), in_flight
+    assert any(o.client == 3 for o in in_flight), f"the heavy request was not in flight: {summary}"
+    # Every client ended on a clean refusal: the server was gone, and said so.
+    assert load.count("refused") >= len(load.texts), summary
+    assert "ingress draining" in err and "ingress stopped" in err
+
+
+def _wait_listening(base: str, timeout_s: float = START_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=5):
+                return
+        except urllib.error.HTTPError:
+            return  # an answer (503 without a broker) means it listens
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"the ingress at {base} did not answer within {timeout_s}s")
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything until the server closes the connection."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_a_body_that_never_arrives_gets_408_and_its_connection_is_closed(tmp_path: Path) -> None:
+    port = free_port()
+    # An ingress alone: the body timeout is the HTTP edge's, no broker needed.
+    run = start(
+        tmp_path,
+        "--http-port", str(port), "--broker", f"ipc://{tmp_path}/no-broker",
+        "--body-timeout", "1", "--ingress-procs", "1",
+        role="ingress",
+    )  # fmt: skip
+    try:
+        _wait_listening(f"http://127.0.0.1:{port}")
+        stalled = []
+        for _ in range(20):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.sendall(
+                b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 100\r\n\r\n{"input": '
+            )
+            stalled.append(sock)
+        answers = [_read_all(sock) for sock in stalled]  # returns: the server closed each
+        for sock in stalled:
+            sock.close()
+        assert run.proc.poll() is None, run.stderr.read_text()[-3000:]
+    finally:
+        run.proc.send_signal(signal.SIGTERM)
+        code = run.proc.wait(timeout=60)
+        run.kill()
+    for answer in answers:
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 "), answer[:300]
+        assert b"connection: close" in head.lower(), head
+        error = json.loads(body)["error"]
+        assert error["code"] == "request_timeout" and "1s" in error["message"], error
+    assert code == 0
