@@ -28,6 +28,9 @@ AGING_S = 1.0  # a batch-lane head older than this goes before interactive work;
 # the cap off.
 LIVE_WINDOW_S = 1.0  # 0.2..10: about the gap between queries that still counts as live traffic
 LIVE_BULK_BATCHES = 1.0  # 0.5..2: bulk a worker may hold while live, in its batch budgets
+# A model whose last worker left is forgotten by the broker after this long: requests for it then
+# get MODEL_NOT_FOUND instead of UNAVAILABLE. As the ingress's FORGET_UNSERVED_AFTER_S; 60..3600.
+MODEL_FORGET_S = 600.0
 DEFAULT_REQUEST_TIMEOUT_S = 120.0  # client-side deadline when the caller gives none
 
 

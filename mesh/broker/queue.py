@@ -175,6 +175,12 @@ class Queue:
             mq.dead_spans[lane] = 0
         return drained
 
+    def forget_model(self, model: str) -> list[Request]:
+        """Drain ``model`` (see ``drain_model``) and drop its queues: it is no longer served."""
+        drained = self.drain_model(model)
+        self._models.pop(model, None)
+        return drained
+
     def requeue_front(self, slices: list[Slice]) -> None:
         """Put a failed batch's slices back at the head of their lanes, in their order.
 

@@ -29,7 +29,7 @@ class Registry:
 
     workers: dict[bytes, WorkerState] = field(default_factory=dict)
     tokenizers: dict[str, bytes] = field(default_factory=dict)  # digest → tokenizer.json
-    known_models: dict[str, ModelInfo] = field(default_factory=dict)  # ever announced
+    known_models: dict[str, ModelInfo] = field(default_factory=dict)  # announced, not forgotten
     _rr: int = 0
 
     def add(self, identity: bytes, ready: WorkerReady, now: float, liveness: int) -> WorkerState:
@@ -47,9 +47,20 @@ class Registry:
             progress_at=now,
         )
         self.workers[identity] = state
-        self.tokenizers[ready.model.tokenizer_digest] = ready.tokenizer_json
-        self.known_models[ready.model.name] = ready.model
+        # The first of each stays: the caller refuses a card that conflicts with a known one
+        # (and the digest is checked, so equal digests mean equal tokenizers).
+        self.tokenizers.setdefault(ready.model.tokenizer_digest, ready.tokenizer_json)
+        self.known_models.setdefault(ready.model.name, ready.model)
         return state
+
+    def forget(self, model: str) -> None:
+        """Drop a model's card (and its tokenizer, unless another model shares it)."""
+        info = self.known_models.pop(model, None)
+        if info is None:
+            return
+        digest = info.tokenizer_digest
+        if all(m.tokenizer_digest != digest for m in self.known_models.values()):
+            self.tokenizers.pop(digest, None)
 
     def remove(self, identity: bytes) -> WorkerState | None:
         return self.workers.pop(identity, None)

@@ -8,6 +8,7 @@ moves messages between them and the sockets, and keeps time.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
 import time
@@ -21,7 +22,7 @@ from mesh.broker.batches import plan_batch
 from mesh.broker.inflight import InFlight, InFlightBatch
 from mesh.broker.queue import FormedBatch, Overloaded, Queue, Request, RequestTooLarge, Slice
 from mesh.broker.registry import Registry, WorkerState
-from mesh.broker.trust import submit_problem
+from mesh.broker.trust import card_differences, submit_problem
 from mesh.config import (
     AGING_S,
     BATCH_TIMEOUT_S,
@@ -30,6 +31,7 @@ from mesh.config import (
     LIVE_WINDOW_S,
     MAX_ATTEMPTS,
     MAX_QUEUED_TOKENS,
+    MODEL_FORGET_S,
     Liveness,
 )
 from proto_msgs import (
@@ -77,6 +79,8 @@ class BrokerOptions:
     live_window_s: float = LIVE_WINDOW_S
     # Queued work of a model whose last worker left fails with UNAVAILABLE after this long.
     orphan_grace_s: float | None = None  # None: one liveness expiry
+    # ... and the model itself is forgotten after this long (then MODEL_NOT_FOUND).
+    forget_model_s: float = MODEL_FORGET_S
 
 
 class Broker:
@@ -88,6 +92,7 @@ class Broker:
         self.inflight = InFlight(options.max_attempts)
         self.registry = Registry()
         self.dropped = 0
+        self.refused_workers = 0  # READYs refused: a card conflicting with the one served
         self.handler_errors = 0  # messages whose handler raised (each also counts as dropped)
         self._warned_peers: dict[bytes, None] = {}  # insertion-ordered set, bounded
         self._orphaned_since: dict[str, float] = {}
@@ -309,19 +314,7 @@ class Broker:
 
     def _on_backend(self, identity: bytes, msg: Message, now: float) -> None:
         if isinstance(msg, WorkerReady):
-            if identity in self.registry.workers:
-                self._bury(identity, "re-registered", now, tell=False)
-            worker = self.registry.add(identity, msg, now, self.opts.liveness.liveness)
-            self._orphaned_since.pop(worker.model.name, None)
-            log.info(
-                "worker %s ready: %s on %s, %d credits, %d tokens/batch",
-                worker.name,
-                worker.model.name,
-                worker.device,
-                worker.credits,
-                worker.max_batch_tokens,
-            )
-            self._dispatch(worker.model.name, now)
+            self._on_ready(identity, msg, now)
             return
         worker = self.registry.heard(identity, now)
         if worker is None:
@@ -337,9 +330,50 @@ class Broker:
         elif isinstance(msg, BatchError):
             self._on_batch_error(worker, msg, now)
         elif isinstance(msg, Disconnect):
-            self._bury(identity, f"left: {msg.reason}", now, tell=False)
+            # Leaving is normal (a stop, a rolling restart): not worth a warning.
+            self._bury(identity, f"left: {msg.reason}", now, tell=False, level=logging.INFO)
         else:
             self._malformed(self.back, identity, ProtocolError(f"{type(msg).__name__} on back"))
+
+    def _on_ready(self, identity: bytes, msg: WorkerReady, now: float) -> None:
+        if identity in self.registry.workers:
+            self._bury(identity, "re-registered", now, tell=False)
+        refusal = self._refuse_card(msg, now)
+        if refusal is not None:
+            self.refused_workers += 1
+            log.warning("refusing worker %s: %s", msg.name, refusal)
+            self._send_back(identity, Disconnect(reason=refusal))
+            return
+        worker = self.registry.add(identity, msg, now, self.opts.liveness.liveness)
+        self._orphaned_since.pop(worker.model.name, None)
+        log.info(
+            "worker %s ready: %s on %s, %d credits, %d tokens/batch",
+            worker.name,
+            worker.model.name,
+            worker.device,
+            worker.credits,
+            worker.max_batch_tokens,
+        )
+        self._dispatch(worker.model.name, now)
+
+    def _refuse_card(self, msg: WorkerReady, now: float) -> str | None:
+        """Why a READY's card cannot join the catalog; None when it can.
+
+        The first card of a served model stays: clients validated and tokenized against it, so
+        a different one under the same name is refused, never merged. A model whose workers all
+        left may change its card; its queued work, checked against the old one, is failed.
+        """
+        card = msg.model
+        if hashlib.sha256(msg.tokenizer_json).hexdigest() != card.tokenizer_digest:
+            return "tokenizer_digest is not the sha256 of the tokenizer sent"
+        known = self.registry.known_models.get(card.name)
+        differ = [] if known is None else card_differences(known, card)
+        if not differ:
+            return None
+        if self.registry.count(card.name):
+            return f"model {card.name!r} is served with a different {', '.join(differ)}"
+        self._forget_model(card.name, f"model {card.name!r} changed its {', '.join(differ)}")
+        return None
 
     def _on_result(self, worker: WorkerState, msg: BatchResult, now: float) -> None:
         batch = self.inflight.pop(msg.batch_id, worker.identity)
@@ -418,13 +452,17 @@ class Broker:
         else:
             self.queue.requeue_front(requeue)
 
-    def _bury(self, identity: bytes, why: str, now: float, tell: bool = True) -> None:
+    def _bury(
+        self, identity: bytes, why: str, now: float, tell: bool = True, level: int = logging.WARNING
+    ) -> None:
         """Remove a dead or hung worker and put its batches back at the head of the queue."""
         worker = self.registry.remove(identity)
         if worker is None:
             return
         batches = self.inflight.remove_worker(identity)
-        log.warning("worker %s removed (%s); requeueing %d batches", worker.name, why, len(batches))
+        log.log(
+            level, "worker %s removed (%s); requeueing %d batches", worker.name, why, len(batches)
+        )
         if tell:
             self._send_back(identity, Disconnect(reason=why))
         self._requeue(batches)
@@ -439,14 +477,24 @@ class Broker:
         for model, since in list(self._orphaned_since.items()):
             if self.registry.count(model):
                 del self._orphaned_since[model]
+            elif now - since >= self.opts.forget_model_s:
+                self._forget_model(model, f"no worker serves {model!r} any more")
+                log.info("model %s forgotten: no worker for %.0fs", model, now - since)
             elif now - since >= grace:
-                # Its in-flight work was requeued when the worker was buried, so this
-                # ends every request of the model.
-                for request in self.queue.drain_model(model):
-                    self._answer_error(
-                        request, ErrorCode.UNAVAILABLE, f"no worker serves {model!r} any more"
-                    )
-                del self._orphaned_since[model]
+                # Its in-flight work was requeued when the worker was buried, so this ends
+                # every request of the model (and what arrived since: none is admitted).
+                self._fail_queued(model, f"no worker serves {model!r} any more")
+
+    def _fail_queued(self, model: str, why: str) -> None:
+        for request in self.queue.drain_model(model):
+            self._answer_error(request, ErrorCode.UNAVAILABLE, why)
+
+    def _forget_model(self, model: str, why: str) -> None:
+        """Fail what is queued for ``model`` and drop its card: it is unknown from now on."""
+        self._fail_queued(model, why)
+        self.queue.forget_model(model)
+        self.registry.forget(model)
+        self._orphaned_since.pop(model, None)
 
     # ---- stats --------------------------------------------------------------------------------
 

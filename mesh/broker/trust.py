@@ -12,6 +12,17 @@ import numpy as np
 
 from proto_msgs import ModelInfo, SubmitRequest
 
+# What a model's card promises its clients; two workers serving one name must agree on all of it
+# (aliases and the worker count are not promises: the first card's aliases stay).
+CARD_FIELDS = (
+    "dims",
+    "max_input_tokens",
+    "vocab_size",
+    "pooling",
+    "normalize",
+    "tokenizer_digest",
+)
+
 
 def submit_problem(msg: SubmitRequest, info: ModelInfo, lengths: np.ndarray) -> str | None:
     """Why ``msg`` cannot be served by ``info``'s model, said so the client can fix it; None
@@ -33,3 +44,8 @@ def submit_problem(msg: SubmitRequest, info: ModelInfo, lengths: np.ndarray) -> 
     if highest >= info.vocab_size:
         return f"token id {highest} is outside the vocabulary (ids must be below {info.vocab_size})"
     return None
+
+
+def card_differences(served: ModelInfo, offered: ModelInfo) -> list[str]:
+    """The card fields in which ``offered`` differs from the ``served`` card of its name."""
+    return [f for f in CARD_FIELDS if getattr(served, f) != getattr(offered, f)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import numpy as np
 import zmq
@@ -12,6 +13,7 @@ from proto_msgs import (
     BatchAssign,
     BatchError,
     BatchResult,
+    Disconnect,
     ErrorCode,
     ModelInfo,
     OutputOptions,
@@ -89,7 +91,7 @@ def fake_card() -> ModelInfo:
         vocab_size=10,
         pooling="mean",
         normalize=True,
-        tokenizer_digest="f" * 64,
+        tokenizer_digest=hashlib.sha256(b"{}").hexdigest(),
     )
 
 
@@ -127,3 +129,30 @@ async def test_crafted_worker_messages_leave_the_broker_serving(mesh: Mesh) -> N
         fake.close()
         front.close()
     assert mesh.broker is not None and mesh.broker.poll() is None, mesh.logs()
+
+
+async def test_a_ready_conflicting_with_a_served_card_is_refused(mesh: Mesh) -> None:
+    mesh.start_broker()
+    mesh.start_worker()
+    impostor = raw_dealer(mesh.backend)
+    try:
+        async with MeshClient(mesh.frontend, liveness=TEST_LIVENESS) as client:
+            await wait_for_workers(client, 1)
+            served = {m.name: m for m in client.models()}[MODEL]
+            card = fake_card()
+            card.name, card.dims = MODEL, 1
+            impostor.send_multipart(
+                encode(WorkerReady("impostor", card, b"{}", 64, 8, 1, 250, "x"))
+            )
+            reply = None
+            while not isinstance(reply, Disconnect):
+                assert impostor.poll(10_000), mesh.logs()
+                reply = decode(impostor.recv_multipart())
+            assert "dims" in reply.reason and "tokenizer_digest" in reply.reason
+            await asyncio.sleep(2 * TEST_LIVENESS.interval_s)  # a catalog refresh or two
+            now = {m.name: m for m in client.models()}[MODEL]
+            assert (now.dims, now.vocab_size, now.workers) == (served.dims, served.vocab_size, 1)
+            result = await client.embed(["served by the first card"], MODEL, timeout_s=30)
+            assert result.embeddings.shape == (1, 384)
+    finally:
+        impostor.close()

@@ -11,11 +11,15 @@ from proto_msgs import (
     BatchAssign,
     BatchError,
     BatchResult,
+    CatalogReply,
+    CatalogRequest,
     Disconnect,
+    ErrorCode,
     Heartbeat,
+    RequestError,
     RequestResult,
 )
-from tests.unit.broker.fakes import Harness, answer, ready, submit
+from tests.unit.broker.fakes import INGRESS, Harness, answer, card, ready, submit
 
 
 def test_a_live_query_waits_behind_one_held_batch_not_two():
@@ -163,3 +167,72 @@ def test_a_workers_silence_expiry_follows_the_heartbeat_it_announced():
     assert set(h.broker.registry.workers) == {b"slow"}
     h.broker._tick(6.1)
     assert not h.broker.registry.workers
+
+
+def catalog(h: Harness) -> dict[str, object]:
+    h.front.push(INGRESS, CatalogRequest(cid=99))
+    h.pump()
+    [(_, reply)] = h.front.take(CatalogReply)
+    return {m.name: m for m in reply.models}
+
+
+def test_a_ready_conflicting_with_the_served_card_is_refused_and_the_first_card_stays():
+    h = Harness()
+    h.add_worker(b"w1")
+    h.back.take()
+    h.add_worker(b"w2", ready(card(dims=16, vocab_size=50, aliases=["other"])))
+    [(to, bye)] = h.back.take()
+    assert to == b"w2" and isinstance(bye, Disconnect)
+    assert "dims" in bye.reason and "vocab_size" in bye.reason and "pooling" not in bye.reason
+    assert set(h.broker.registry.workers) == {b"w1"} and h.broker.refused_workers == 1
+    served = catalog(h)["m"]
+    assert (served.dims, served.vocab_size, served.workers) == (8, 100, 1)
+    # Same card, other aliases: a second worker of the model, under the first card's aliases.
+    h.add_worker(b"w3", ready(card(aliases=["other"])))
+    assert catalog(h)["m"].workers == 2 and catalog(h)["m"].aliases == []
+
+
+def test_a_ready_whose_digest_is_not_its_tokenizers_is_refused():
+    h = Harness()
+    h.add_worker(b"w1", ready(tokenizer_json=b'{"not": "the digested one"}'))
+    [(_, bye)] = h.back.take()
+    assert isinstance(bye, Disconnect) and "tokenizer_digest" in bye.reason
+    assert not h.broker.registry.workers and not h.broker.registry.tokenizers
+
+
+def test_a_model_whose_last_worker_left_is_forgotten_after_forget_model_s():
+    h = Harness(forget_model_s=60.0)
+    h.add_worker(b"w1")
+    h.back.push(b"w1", Disconnect(reason="worker shutting down"))
+    h.pump()
+    h.broker._tick(59.0)
+    h.submit(submit(1, [3]))
+    h.broker._tick(60.0)
+    h.submit(submit(2, [3]))
+    codes = [(m.cid, m.code) for _, m in h.front.take(RequestError)]
+    assert codes == [(1, ErrorCode.UNAVAILABLE), (2, ErrorCode.MODEL_NOT_FOUND)]
+    assert not h.broker.registry.tokenizers and "m" not in h.broker.stats().workers
+
+
+def test_a_model_whose_workers_all_left_may_come_back_with_a_new_card():
+    h = Harness(aging_s=60.0)
+    h.add_worker(b"w1", ready(credits=1))
+    h.submit(submit(1, [3]))
+    h.submit(submit(2, [3]))  # queued behind the first, checked against the old card
+    h.back.push(b"w1", Disconnect(reason="worker shutting down"))
+    h.pump()
+    h.add_worker(b"w2", ready(card(dims=4)))
+    # The old card's queued work is failed rather than sent to a model it was not checked for.
+    codes = sorted((m.cid, m.code) for _, m in h.front.take(RequestError))
+    assert codes == [(1, ErrorCode.UNAVAILABLE), (2, ErrorCode.UNAVAILABLE)]
+    assert catalog(h)["m"].dims == 4
+
+
+def test_a_workers_own_disconnect_is_logged_at_info(caplog):
+    h = Harness()
+    h.add_worker(b"w1")
+    with caplog.at_level(logging.INFO, logger="embedmesh.broker"):
+        h.back.push(b"w1", Disconnect(reason="worker shutting down"))
+        h.pump()
+    [record] = [r for r in caplog.records if "removed" in r.message]
+    assert record.levelno == logging.INFO
