@@ -58,11 +58,16 @@ class MeshClient:
         self.liveness = liveness or Liveness()
         self.default_timeout_s = default_timeout_s
         self._ctx = zmq.asyncio.Context()
+        self.seen = ModelBook()  # every model a broker listed: the one owner of "seen"
+        # Each catalog reply (every heartbeat) refreshes "seen", so a quiet client still knows
+        # when a model was last served, not only when it last asked.
         self.brokers = [
-            BrokerConnection(self._ctx, ep, self.liveness, connect=connect) for ep in endpoints
+            BrokerConnection(
+                self._ctx, ep, self.liveness, connect=connect, on_catalog=lambda _: self.models()
+            )
+            for ep in endpoints
         ]
         self.tokenizers = TokenizerPool(tokenizer_threads)
-        self.seen = ModelBook()  # every model a broker listed: the one owner of "seen"
         self._tokenizer_fetches: dict[str, asyncio.Future[ModelTokenizer]] = {}
 
     async def __aenter__(self) -> MeshClient:

@@ -1,0 +1,67 @@
+"""MeshClient's front door without a broker: resolve once, validate once, remember models."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from mesh.client import MeshClient
+from mesh.errors import InvalidInput, ModelNotFound, Unavailable
+from proto_msgs import Lane, ModelInfo
+
+MODEL = ModelInfo(
+    name="tiny", aliases=["org/tiny"], dims=8, max_input_tokens=4, vocab_size=100,
+    pooling="mean", normalize=True, tokenizer_digest="d", workers=1,
+)  # fmt: skip
+
+
+@pytest.fixture
+def client() -> Iterator[MeshClient]:
+    """A client whose one broker link is never started, made to look alive and serving."""
+    c = MeshClient("ipc:///nowhere")
+    c.brokers[0].alive = True
+    c.brokers[0].models = [MODEL]
+    yield c
+    c.tokenizers.close()
+    c._ctx.destroy(linger=0)
+
+
+def test_token_ids_are_resolved_and_validated_into_one_ready_request(client: MeshClient) -> None:
+    req = client.prepare_tokens(
+        np.array([1, 2, 3, 4, 5, 6, 7]), np.array([0, 2, 7]), "org/tiny", dims=4, truncate=True
+    )
+    assert req.model.name == "tiny" and req.output.dims == 4
+    assert req.lengths.tolist() == [2, 4] and req.token_ids.tolist() == [1, 2, 3, 4, 5, 6]
+    assert req.lane == Lane.INTERACTIVE
+
+
+def test_bad_ids_and_options_are_refused_before_anything_is_sent(client: MeshClient) -> None:
+    ids, offsets = np.array([1, 200]), np.array([0, 2])
+    with pytest.raises(InvalidInput, match="outside the vocabulary"):
+        client.prepare_tokens(ids, offsets, "tiny")
+    with pytest.raises(InvalidInput, match="between 1 and 8"):
+        client.prepare_tokens(np.array([1]), np.array([0, 1]), "tiny", dims=9)
+
+
+def test_a_model_that_lost_its_workers_is_unavailable_and_an_unknown_one_not_found(
+    client: MeshClient,
+) -> None:
+    client.brokers[0]._on_catalog(client.brokers[0])  # a heartbeat's catalog reply arrives
+    assert client.seen.find("tiny") is not None
+    client.brokers[0].models = []
+    with pytest.raises(Unavailable, match="no worker"):
+        client.resolve("org/tiny")
+    with pytest.raises(ModelNotFound):
+        client.resolve("other")
+    client.brokers[0].alive = False
+    with pytest.raises(Unavailable, match="no broker"):
+        client.resolve("other")
+
+
+async def test_embed_tokens_refuses_invalid_input_through_the_same_validation(
+    client: MeshClient,
+) -> None:
+    with pytest.raises(InvalidInput, match=r"input\[0\] has 5 tokens"):
+        await client.embed_tokens(np.arange(5), np.array([0, 5]), "tiny")
