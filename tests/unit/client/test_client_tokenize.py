@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from mesh.client.tokenize import CHUNK_TEXTS, ModelTokenizer, TokenizerPool, chunks
+from mesh.client.tokenize import (
+    CHUNK_TEXTS,
+    INLINE_MAX_CHARS,
+    ModelTokenizer,
+    TokenizerPool,
+    chunks,
+)
 from mesh.errors import InvalidInput
 from proto_msgs import Lane, ModelInfo
 
@@ -172,13 +178,31 @@ async def test_a_query_is_tokenized_before_bulk_chunks_queued_ahead_of_it() -> N
     try:
         bulk = asyncio.ensure_future(pool.encode(tok, ["passage"] * 64, True, Lane.BATCH))
         await asyncio.sleep(0.05)  # the bulk chunks are queued first
-        query = asyncio.ensure_future(pool.encode(tok, ["a query"], True, Lane.INTERACTIVE))
+        # Longer than what is tokenized inline, so it goes through the pool too.
+        long_query = ["query " * (INLINE_MAX_CHARS // 6 + 1)]
+        query = asyncio.ensure_future(pool.encode(tok, long_query, True, Lane.INTERACTIVE))
         await asyncio.sleep(0.05)
+        assert not query.done()
         gate.set()
         ids, lengths = await query
         await bulk
         assert order == [1, CHUNK_TEXTS, CHUNK_TEXTS]  # the query's single text first
-        assert lengths.tolist() == [4] and len((await bulk)[1]) == 64
+        assert lengths.tolist() == [173] and len((await bulk)[1]) == 64
+    finally:
+        gate.set()
+        pool.close()
+
+
+async def test_a_short_query_is_tokenized_at_once_even_when_every_thread_is_busy() -> None:
+    pool = TokenizerPool(threads=1)
+    tok = ModelTokenizer(TOKENIZER_JSON, model(256))
+    gate = threading.Event()
+    pool._pool.submit(Lane.BATCH, gate.wait)
+    try:
+        ids, lengths = await asyncio.wait_for(
+            pool.encode(tok, ["a short query"], True, Lane.INTERACTIVE), 10
+        )
+        assert lengths.tolist() == [5] and not gate.is_set()
     finally:
         gate.set()
         pool.close()
