@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from mesh.broker.queue import Slice
-from proto_msgs import BatchAssign, OutputOptions, SubmitRequest
+from proto_msgs import BatchAssign, BatchResult, OutputOptions, RequestResult, SubmitRequest
+
+MAX_WORKER_TIMINGS = 16  # named durations of a BatchResult forwarded in each RequestResult
 
 
 @dataclass(slots=True)
@@ -76,3 +80,40 @@ def plan_batch(batch_id: int, model: str, slices: list[Slice], timeout_s: float)
         offsets=offsets,
     )
     return BatchPlan(message=message, slices=slices, groups=groups, rows=rows)
+
+
+def result_chunks(
+    plan: BatchPlan, msg: BatchResult, dispatched_at: float, sent_at: float, received: float
+) -> Iterator[tuple[Slice, RequestResult]]:
+    """One RequestResult per slice of a live request, built as it is consumed (so each chunk's
+    "broker_out" counts the chunks sent before it); ValueError at once if the shapes are off.
+
+    ``dispatched_at`` is on the queue's clock; ``sent_at`` and ``received`` (the batch left,
+    its result arrived) are ``time.perf_counter()`` stamps, as is each request's ``received_at``.
+    """
+    chunks = plan.split(msg.embeddings)
+    # The worker's own hops, forwarded when it names a sane few (a peer sets their number).
+    hops = msg.timings if len(msg.timings) <= MAX_WORKER_TIMINGS else {}
+    worker_ms = (received - sent_at) * 1000
+
+    def build() -> Iterator[tuple[Slice, RequestResult]]:
+        for piece, rows in chunks:
+            request = piece.request
+            if not request.live:
+                continue  # cancelled, expired or failed meanwhile: already answered
+            indices = np.arange(piece.start, piece.end, dtype=np.int32)
+            # Queue wait counts from submission, so a requeued slice reports it all.
+            queue_ms = (dispatched_at - request.submitted_at) * 1000
+            timings = {
+                **hops,
+                "broker_queue": (sent_at - request.received_at) * 1000,
+                "broker_worker": worker_ms,
+                "broker_out": (time.perf_counter() - received) * 1000,
+            }
+            cid = request.key[1]
+            yield (
+                piece,
+                RequestResult(cid, piece.tokens, indices, rows, queue_ms, msg.compute_ms, timings),
+            )
+
+    return build()

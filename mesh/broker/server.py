@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import zmq
 
-from mesh.broker.batches import plan_batch
+from mesh.broker.batches import plan_batch, result_chunks
 from mesh.broker.inflight import InFlight, InFlightBatch
-from mesh.broker.queue import FormedBatch, Overloaded, Queue, Request, RequestTooLarge, Slice
+from mesh.broker.queue import FormedBatch, Overloaded, Queue, Request, RequestTooLarge
 from mesh.broker.registry import Registry, WorkerState
-from mesh.broker.trust import card_differences, submit_problem
+from mesh.broker.trust import PeerWarnings, card_differences, submit_problem
 from mesh.config import (
     AGING_S,
     BATCH_TIMEOUT_S,
@@ -49,7 +49,6 @@ from proto_msgs import (
     Pong,
     ProtocolError,
     RequestError,
-    RequestResult,
     SubmitRequest,
     TokenizerReply,
     TokenizerRequest,
@@ -59,9 +58,6 @@ from proto_msgs import (
 )
 
 log = logging.getLogger("embedmesh.broker")
-
-WARNED_PEERS_MAX = 4096  # peers remembered as already warned about; older ones may warn again
-MAX_WORKER_TIMINGS = 16  # named durations of a BatchResult forwarded in each RequestResult
 
 
 @dataclass
@@ -94,7 +90,7 @@ class Broker:
         self.dropped = 0
         self.refused_workers = 0  # READYs refused: a card conflicting with the one served
         self.handler_errors = 0  # messages whose handler raised (each also counts as dropped)
-        self._warned_peers: dict[bytes, None] = {}  # insertion-ordered set, bounded
+        self.warned = PeerWarnings()
         self._orphaned_since: dict[str, float] = {}
         self._stop = False
         self._arrived = 0.0  # perf_counter when the message being handled was received
@@ -146,24 +142,14 @@ class Broker:
                 # broker and every request it holds. Validation should have caught it first.
                 self.dropped += 1
                 self.handler_errors += 1
-                if self._first_warning(identity):
+                if self.warned.first(identity):
                     log.exception(
                         "dropped %s from %r after it failed", type(msg).__name__, identity
                     )
 
-    def _first_warning(self, identity: bytes) -> bool:
-        """True the first time a peer misbehaves: one log line per peer, not per message."""
-        if identity in self._warned_peers:
-            return False
-        if len(self._warned_peers) >= WARNED_PEERS_MAX:
-            # Bounded: a flood of fresh identities must not grow it; forget the oldest.
-            del self._warned_peers[next(iter(self._warned_peers))]
-        self._warned_peers[identity] = None
-        return True
-
     def _malformed(self, sock: zmq.Socket, identity: bytes, exc: ProtocolError) -> None:
         self.dropped += 1
-        if self._first_warning(identity):
+        if self.warned.first(identity):
             log.warning("dropping malformed message from %r: %s", identity, exc.reason)
         if sock is self.front and exc.cid is not None:
             self._send_front(identity, RequestError(exc.cid, ErrorCode.PROTOCOL, exc.reason))
@@ -382,42 +368,19 @@ class Broker:
         worker.free += 1
         worker.progress_at = now  # a result is progress, before the next heartbeat says so
         try:
-            chunks = batch.plan.split(msg.embeddings)
+            chunks = result_chunks(
+                batch.plan, msg, batch.dispatched_at, batch.sent_at, self._arrived
+            )
         except ValueError as exc:
             self.dropped += 1
-            if self._first_warning(worker.identity):
+            if self.warned.first(worker.identity):
                 log.error("worker %s sent a malformed result: %s", worker.name, exc)
             self._requeue([batch])
         else:
-            self._answer_chunks(batch, chunks, msg)
+            for piece, chunk in chunks:
+                self._send_front(piece.request.key[0], chunk)
+                self.queue.complete(piece.request, piece.end - piece.start)
         self._dispatch(worker.model.name, now)
-
-    def _answer_chunks(
-        self, batch: InFlightBatch, chunks: list[tuple[Slice, np.ndarray]], msg: BatchResult
-    ) -> None:
-        received = self._arrived
-        # The worker's own hops, forwarded when it says a sane few (a peer sets their number).
-        hops = msg.timings if len(msg.timings) <= MAX_WORKER_TIMINGS else {}
-        worker_ms = (received - batch.sent_at) * 1000
-        for piece, rows in chunks:
-            request = piece.request
-            if not request.live:
-                continue  # cancelled, expired or failed meanwhile: already answered
-            identity, cid = request.key
-            indices = np.arange(piece.start, piece.end, dtype=np.int32)
-            # Queue wait counts from submission, so a requeued slice reports it all.
-            queue_ms = (batch.dispatched_at - request.submitted_at) * 1000
-            timings = {
-                **hops,
-                "broker_queue": (batch.sent_at - request.received_at) * 1000,
-                "broker_worker": worker_ms,
-                "broker_out": (time.perf_counter() - received) * 1000,
-            }
-            chunk = RequestResult(
-                cid, piece.tokens, indices, rows, queue_ms, msg.compute_ms, timings
-            )
-            self._send_front(identity, chunk)
-            self.queue.complete(request, piece.end - piece.start)
 
     def _on_batch_error(self, worker: WorkerState, msg: BatchError, now: float) -> None:
         batch = self.inflight.pop(msg.batch_id, worker.identity)

@@ -12,6 +12,8 @@ import numpy as np
 
 from proto_msgs import ModelInfo, SubmitRequest
 
+WARNED_PEERS_MAX = 4096  # peers remembered as already warned about; older ones may warn again
+
 # What a model's card promises its clients; two workers serving one name must agree on all of it
 # (aliases and the worker count are not promises: the first card's aliases stay).
 CARD_FIELDS = (
@@ -49,3 +51,30 @@ def submit_problem(msg: SubmitRequest, info: ModelInfo, lengths: np.ndarray) -> 
 def card_differences(served: ModelInfo, offered: ModelInfo) -> list[str]:
     """The card fields in which ``offered`` differs from the ``served`` card of its name."""
     return [f for f in CARD_FIELDS if getattr(served, f) != getattr(offered, f)]
+
+
+class PeerWarnings:
+    """The peers already warned about, so a misbehaving peer is logged once, not per message.
+
+    Bounded: a flood of fresh identities (any DEALER may connect) forgets the oldest rather than
+    grow without end; a forgotten peer may be warned about once more.
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = WARNED_PEERS_MAX if limit is None else limit
+        self._peers: dict[bytes, None] = {}  # an insertion-ordered set
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    def __contains__(self, identity: object) -> bool:
+        return identity in self._peers
+
+    def first(self, identity: bytes) -> bool:
+        """True the first time ``identity`` misbehaves (since it was last forgotten)."""
+        if identity in self._peers:
+            return False
+        if len(self._peers) >= self.limit:
+            del self._peers[next(iter(self._peers))]
+        self._peers[identity] = None
+        return True

@@ -6,7 +6,7 @@ import logging
 
 import numpy as np
 
-from mesh.broker import server
+from mesh.broker.trust import PeerWarnings
 from proto_msgs import (
     BatchAssign,
     BatchError,
@@ -112,14 +112,14 @@ def test_a_message_whose_handler_raises_costs_only_itself(monkeypatch, caplog):
     assert batch.n == 1
 
 
-def test_the_peers_remembered_as_warned_are_bounded(monkeypatch):
-    monkeypatch.setattr(server, "WARNED_PEERS_MAX", 8)
+def test_the_peers_remembered_as_warned_are_bounded():
     h = Harness()
+    h.broker.warned = PeerWarnings(limit=8)
     for i in range(20):
         h.front.push(b"peer%d" % i, [b"garbage"])
     h.pump()
-    assert h.broker.dropped == 20 and len(h.broker._warned_peers) == 8
-    assert b"peer19" in h.broker._warned_peers and b"peer0" not in h.broker._warned_peers
+    assert h.broker.dropped == 20 and len(h.broker.warned) == 8
+    assert b"peer19" in h.broker.warned and b"peer0" not in h.broker.warned
 
 
 def beat(h: Harness, identity: bytes, progress: int, at: float) -> None:
