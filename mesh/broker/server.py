@@ -324,7 +324,7 @@ class Broker:
     def _on_ready(self, identity: bytes, msg: WorkerReady, now: float) -> None:
         if identity in self.registry.workers:
             self._bury(identity, "re-registered", now, tell=False)
-        refusal = self._refuse_card(msg, now)
+        refusal = self._refuse_card(msg)
         if refusal is not None:
             self.refused_workers += 1
             log.warning("refusing worker %s: %s", msg.name, refusal)
@@ -342,7 +342,7 @@ class Broker:
         )
         self._dispatch(worker.model.name, now)
 
-    def _refuse_card(self, msg: WorkerReady, now: float) -> str | None:
+    def _refuse_card(self, msg: WorkerReady) -> str | None:
         """Why a READY's card cannot join the catalog; None when it can.
 
         The first card of a served model stays: clients validated and tokenized against it, so
