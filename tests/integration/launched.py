@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -258,3 +259,24 @@ def _classify(status: int, raw: bytes, texts: int) -> tuple[str, str]:
     if status == 503 and shaped:
         return "refused", str(doc["error"].get("message"))
     return "error", f"{status}: {raw[:300]!r}"
+
+
+def role_pids(supervisor: int, role: str) -> set[int]:
+    """The live children of ``supervisor`` that run ``--role ROLE``."""
+    return {pid for pid in descendants(supervisor) if f"--role {role}" in cmdline(pid)}
+
+
+def served_workers(base: str) -> int:
+    """Workers GET {base}/models counts for MODEL; 0 when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{base}/models", timeout=10) as resp:
+            models = json.loads(resp.read())["data"]
+    except (OSError, ValueError, KeyError):
+        return 0
+    return sum(int(m.get("workers", 0)) for m in models if m.get("id") == MODEL)
+
+
+def base_url(line: str) -> str:
+    """The URL of /v1 in the line ``mesh-launch --role all`` prints once it serves."""
+    assert line.startswith("embedmesh serving "), line
+    return line.split(" at ")[1].split(" ")[0]

@@ -10,14 +10,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.integration.launched import START_S, Load, free_port, start
+from tests.integration.launched import START_S, Load, base_url, free_port, start
 
 GRACE_S = 60  # far more than the test's requests need: the drain, not the grace, ends them
-
-
-def _base(line: str) -> str:
-    assert line.startswith("embedmesh serving "), line
-    return line.split(" at ")[1].split(" ")[0]
 
 
 def test_sigterm_under_load_finishes_every_accepted_request_refuses_the_rest_and_exits_0(
@@ -25,7 +20,7 @@ def test_sigterm_under_load_finishes_every_accepted_request_refuses_the_rest_and
 ) -> None:
     run = start(tmp_path, "--http-port", str(free_port()), "--drain-grace", str(GRACE_S))
     try:
-        base = _base(run.first_line(START_S))
+        base = base_url(run.first_line(START_S))
         # Three light clients and a heavy one, whose requests take longer than the old
         # fixed 5 s stop of a stage: it is in flight when the signal comes.
         with Load(base, [4, 4, 4, 150], until_refused=True) as load:
