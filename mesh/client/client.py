@@ -171,8 +171,9 @@ class MeshClient:
         lane: int | None = None,
         truncate: bool = False,
     ) -> ValidRequest:
-        """Resolve ``model``, check the options, tokenize (off the loop, live work first):
-        the request ready to submit. ``lane`` None: chosen by size."""
+        """Resolve ``model``, check the options, tokenize (live work first; all but the
+        shortest queries on the tokenizer threads): the request ready to submit. ``lane``
+        None: chosen by size."""
         texts = list(texts)
         if not texts:
             raise InvalidInput("no input given", param="input")

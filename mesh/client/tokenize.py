@@ -17,7 +17,9 @@ Three rules keep a huge or bulk input from costing more than it is allowed to:
   (tokenizers 0.23: no ``py.detach`` around it; measured: a 3.7 s stall of every other thread
   for a 2.6 MB text); ``encode_batch`` releases it. So every call is ``encode_batch``, ids are
   gathered by C-level iteration, and jobs run on a ``PriorityExecutor``: INTERACTIVE before
-  BATCH, bulk requests split into chunks so that a query waits for one chunk at most.
+  BATCH, bulk requests split into chunks so that a query waits for one chunk at most. Only a
+  short interactive request (``INLINE_MAX_CHARS``) is tokenized on the caller's thread: it
+  costs less than the hop to a pool thread and back.
 
 Special tokens ([CLS], [SEP], EOS) are added by the tokenizer's post-processor after the
 truncation, as sentence-transformers does.
