@@ -165,6 +165,7 @@ class Load:
         self.texts = texts
         self.until_refused = until_refused
         self.outcomes: list[Outcome] = []
+        self.sending: dict[int, float] = {}  # client -> when its request in progress started
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -231,7 +232,7 @@ class Load:
     async def _post(self, http: Any, index: int, body: dict) -> Outcome:
         import aiohttp
 
-        started = time.monotonic()
+        started = self.sending[index] = time.monotonic()
         try:
             async with http.post(f"{self.base}/embeddings", json=body) as resp:
                 raw = await resp.read()

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from tests.integration.launched import START_S, Load, base_url, free_port, start
 
-GRACE_S = 60  # far more than the test's requests need: the drain, not the grace, ends them
+GRACE_S = 120  # far more than the test's requests need: the drain, not the grace, ends them
+HEAVY = 800  # inputs: a request that takes longer than the old fixed 5 s stop of a stage
 
 
 def test_sigterm_under_load_finishes_every_accepted_request_refuses_the_rest_and_exits_0(
@@ -21,11 +22,13 @@ def test_sigterm_under_load_finishes_every_accepted_request_refuses_the_rest_and
     run = start(tmp_path, "--http-port", str(free_port()), "--drain-grace", str(GRACE_S))
     try:
         base = base_url(run.first_line(START_S))
-        # Three light clients and a heavy one, whose requests take longer than the old
-        # fixed 5 s stop of a stage: it is in flight when the signal comes.
-        with Load(base, [4, 4, 4, 150], until_refused=True) as load:
+        # Three light clients and a heavy one, signalled just after a heavy request started.
+        with Load(base, [4, 4, 4, HEAVY], until_refused=True) as load:
             load.wait_for(5)
-            time.sleep(1.0)
+            first = load.sending.get(3, 0.0)
+            while load.sending.get(3, 0.0) == first:
+                time.sleep(0.01)
+            time.sleep(0.2)
             signalled = time.monotonic()
             run.proc.send_signal(signal.SIGTERM)
             code = run.proc.wait(timeout=GRACE_S + 60)
@@ -37,6 +40,10 @@ def test_sigterm_under_load_finishes_every_accepted_request_refuses_the_rest_and
     assert "killing it" not in err, err[-3000:]
     summary = load.summary()
     errors = load.errors()
+    stopped_s = max(o.ended for o in outcomes) - signalled
+    print(f"\nSIGTERM under load: {summary}; "
+          f"{len([o for o in outcomes if o.started < signalled < o.ended])} in flight at the "
+          f"signal; the last answer {stopped_s:.1f}s after it")  # fmt: skip
     assert not errors, f"{len(errors)} dropped or failed ({summary}): {errors[:5]}"
     in_flight = [o for o in outcomes if o.started < signalled < o.ended]
     assert in_flight, f"nothing was in flight at SIGTERM; the test proves nothing ({summary})"
