@@ -78,6 +78,13 @@ class BrokerOptions:
     # ... and the model itself is forgotten after this long (then MODEL_NOT_FOUND).
     forget_model_s: float = MODEL_FORGET_S
 
+    def __post_init__(self) -> None:
+        # Zero would stop bulk work for as long as queries keep coming: starvation, not a cap.
+        if self.live_bulk_batches <= 0:
+            raise ValueError("live_bulk_batches must be positive (the credits turn the cap off)")
+        if self.hang_s <= 0 or self.live_window_s < 0 or self.forget_model_s <= 0:
+            raise ValueError("hang_s and forget_model_s must be positive, live_window_s >= 0")
+
 
 class Broker:
     def __init__(self, frontend: zmq.Socket, backend: zmq.Socket, options: BrokerOptions) -> None:
@@ -350,7 +357,13 @@ class Broker:
         left may change its card; its queued work, checked against the old one, is failed.
         """
         card = msg.model
-        if hashlib.sha256(msg.tokenizer_json).hexdigest() != card.tokenizer_digest:
+        # A known digest compares bytes (memcmp); only a new one is hashed.
+        blob = self.registry.tokenizers.get(card.tokenizer_digest)
+        if blob is None:
+            genuine = hashlib.sha256(msg.tokenizer_json).hexdigest() == card.tokenizer_digest
+        else:
+            genuine = blob == msg.tokenizer_json
+        if not genuine:
             return "tokenizer_digest is not the sha256 of the tokenizer sent"
         known = self.registry.known_models.get(card.name)
         differ = [] if known is None else card_differences(known, card)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import pytest
 
+from mesh.broker.server import BrokerOptions
 from mesh.broker.trust import PeerWarnings
 from proto_msgs import (
     BatchAssign,
@@ -236,3 +238,18 @@ def test_a_workers_own_disconnect_is_logged_at_info(caplog):
         h.pump()
     [record] = [r for r in caplog.records if "removed" in r.message]
     assert record.levelno == logging.INFO
+
+
+def test_a_second_ready_claiming_a_known_digest_must_send_the_same_tokenizer():
+    h = Harness()
+    h.add_worker(b"w1")
+    h.back.take()
+    h.add_worker(b"w2", ready(tokenizer_json=b'{"other": 1}'))
+    [(to, bye)] = h.back.take()
+    assert to == b"w2" and isinstance(bye, Disconnect) and "tokenizer_digest" in bye.reason
+    assert h.broker.registry.tokenizers[card().tokenizer_digest] == b"{}"
+
+
+def test_options_that_would_starve_bulk_work_are_refused():
+    with pytest.raises(ValueError):
+        BrokerOptions(live_bulk_batches=0)
