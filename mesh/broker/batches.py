@@ -66,7 +66,7 @@ def plan_batch(batch_id: int, model: str, slices: list[Slice], timeout_s: float)
         next_row[group] += n
         offs = submit.offsets
         id_parts.append(submit.token_ids[offs[piece.start] : offs[piece.end]])
-        length_parts.append(np.diff(offs[piece.start : piece.end + 1]))
+        length_parts.append(piece.request.lengths[piece.start : piece.end])  # diffed at submit
         index_parts.append(np.full(n, group, dtype=np.int32))
     offsets = np.zeros(sum(len(p) for p in length_parts) + 1, dtype=np.int32)
     np.cumsum(np.concatenate(length_parts), out=offsets[1:])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from proto_msgs import BatchAssign, BatchError, ErrorCode, RequestError, RequestResult
@@ -33,6 +34,7 @@ def test_a_submit_within_the_card_is_served():
     h.add_worker()
     h.submit(submit(1, [16, 1], token=99, dims=DIMS))
     [(_, batch)] = h.back.take(BatchAssign)
+    assert batch.offsets.tolist() == [0, 16, 17] and batch.token_ids.dtype == np.int32
     h.back.push(b"w1", answer(batch))
     h.pump()
     [(_, result)] = h.front.take(RequestResult)
