@@ -148,8 +148,9 @@ class RequestResult(Message):
     compute_ms: float = 0.0  # the worker's compute time of the batch that carried them
     # Per-hop durations in ms of the batch that carried them, each measured inside one process
     # (so clocks of different hosts never meet): the worker's (see BatchResult.timings) plus
-    # the broker's "broker_in" (submit received → batch sent) and "broker_out" (result received
-    # → this chunk sent). Names are documented in docs/architecture.md; unknown names are kept.
+    # the broker's "broker_queue" (submit received → the batch carrying it sent),
+    # "broker_worker" (batch sent → its result received: the worker plus both transits) and
+    # "broker_out" (result received → this chunk sent). Unknown names are passed on as they are.
     timings: dict[str, float] = field(default_factory=dict)
 
     def validate(self) -> None:
