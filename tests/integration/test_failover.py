@@ -118,6 +118,32 @@ def test_kill_9_of_the_only_worker_under_load_loses_nothing_in_flight(
     assert "requeueing" in run.stderr.read_text()
 
 
+def test_work_of_a_worker_that_vanished_waits_for_it_to_come_back(
+    tmp_path: Path, stop_at_end: list[Launched]
+) -> None:
+    """The broker holds a workerless model's queued work (--orphan-grace, under --role all the
+    request timeout) rather than failing it one heartbeat expiry after the worker left. A
+    stopped worker (SIGSTOP) is buried by the broker after 3 s of silence and, continued 10 s
+    later, registers again: unlike a restart, this does not depend on how fast a model loads."""
+    run, base = _mesh(tmp_path, stop_at_end)
+    with Load(base, CLIENTS) as load:
+        load.wait_for(5)
+        (worker,) = role_pids(run.proc.pid, "worker")
+        stopped = time.monotonic()
+        os.kill(worker, signal.SIGSTOP)
+        time.sleep(10)  # > one heartbeat expiry (3 s) + the broker's own orphan default (3 s)
+        os.kill(worker, signal.SIGCONT)
+        recovery_s = _back(load, stopped)
+        outcomes = load.stop()
+    _stop(run)
+    held = _in_flight(outcomes, stopped)
+    print(f"\nworker stopped for 10 s: {load.summary()}; {len(held)} in flight; "
+          f"back after {recovery_s:.1f}s")  # fmt: skip
+    assert held and all(o.kind == "ok" for o in held), held
+    assert not load.errors(), load.errors()[:5]
+    assert "requeueing" in run.stderr.read_text()
+
+
 def test_kill_9_of_an_ingress_process_leaves_the_other_serving(
     tmp_path: Path, stop_at_end: list[Launched]
 ) -> None:
