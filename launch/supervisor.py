@@ -10,7 +10,7 @@ with the URL on stdout, then watches:
   its wait: the ingresses first (each closes its listening socket, refuses what arrives later
   with 503 and finishes what it accepted within ``--drain-grace``; we wait that plus
   DRAIN_MARGIN_S), then the workers (each finishes the batches it holds and says Disconnect),
-  then the broker; exit 0;
+  then the broker; exit 0. A second signal meanwhile stops what still runs at once (SIGKILL);
 - a child that exits on its own during start-up: name it, print the tail of its output, stop
   the rest and exit 1 (a mesh that never served has nothing to keep up);
 - a child that exits on its own while serving: name it, print the tail of its output and
@@ -159,7 +159,7 @@ def _supervise(
     """Check the HTTP port, ``start`` the children (into the list, so that whatever started is
     stopped whatever happens next) and wait until they are up, then watch them until a signal
     (exit 0) or a failure (exit 1). Our temp dir (ipc endpoints, shared metrics) goes at exit."""
-    stop = _stop_on_signals()
+    stop, hurry = _stop_on_signals()
     tmp = Path(tempfile.mkdtemp(prefix=prefix))
     children: list[Child] = []
     try:
@@ -172,16 +172,30 @@ def _supervise(
         print(f"embedmesh: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
-        _stop_all(children, _drain_grace(opts))
+        if stop.is_set() and children:
+            print(
+                f"embedmesh: stopping: requests in flight get up to {_drain_grace(opts):g}s "
+                "(--drain-grace); a second Ctrl-C or SIGTERM stops at once",
+                file=sys.stderr,
+                flush=True,
+            )
+        _stop_all(children, _drain_grace(opts), hurry)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _stop_on_signals() -> Event:
-    """An event that SIGINT and SIGTERM set; the shutdown then signals every child."""
-    stop = Event()
+def _stop_on_signals() -> tuple[Event, Event]:
+    """(stop, hurry): the first SIGINT or SIGTERM sets ``stop`` (drain, then stop in order);
+    a second sets ``hurry`` too: whoever presses Ctrl-C twice means now."""
+    stop, hurry = Event(), Event()
+
+    def on_signal(*_: object) -> None:
+        if stop.is_set():
+            hurry.set()
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
+        signal.signal(sig, on_signal)
+    return stop, hurry
 
 
 def _drain_grace(opts: dict[str, Any]) -> float:
@@ -661,36 +675,36 @@ def _model_names(models: list[dict[str, Any]], opts: dict[str, Any]) -> str:
 # ---- stopping -------------------------------------------------------------------------------
 
 
-def _stop_all(children: list[Child], drain_grace_s: float = DRAIN_GRACE_S) -> None:
+def _stop_all(
+    children: list[Child], drain_grace_s: float = DRAIN_GRACE_S, hurry: Event | None = None
+) -> None:
     """Ingresses first (they refuse new requests and finish theirs, which needs the workers
     and the broker still up), then workers (they finish their batches, which needs the
-    broker), then the broker; each stage SIGTERM, then SIGKILL after its wait."""
+    broker), then the broker; each stage SIGTERM, then SIGKILL after its wait, or at once
+    when ``hurry`` is set."""
     stages = [
         ([c for c in children if c.name.startswith("ingress")], drain_grace_s + DRAIN_MARGIN_S),
         ([c for c in children if c.name.startswith("worker")], WORKER_STOP_S),
         ([c for c in children if c.name == "broker"], STOP_GRACE_S),
     ]
     for stage, wait_s in stages:
-        _stop_stage(stage, wait_s)
+        _stop_stage(stage, wait_s, hurry or Event())
     for child in children:
         if child.pump is not None:
             child.pump.join(timeout=2)
 
 
-def _stop_stage(stage: list[Child], wait_s: float) -> None:
+def _stop_stage(stage: list[Child], wait_s: float, hurry: Event) -> None:
     for child in stage:
         if child.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 child.proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + wait_s
     for child in stage:
-        try:
-            child.proc.wait(max(0.01, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            print(
-                f"embedmesh: {child.name} did not stop in {wait_s:.0f}s; killing it",
-                file=sys.stderr,
-                flush=True,
-            )
+        while child.proc.poll() is None and time.monotonic() < deadline and not hurry.is_set():
+            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+        if child.proc.poll() is None:
+            why = "a second signal" if hurry.is_set() else f"not stopped in {wait_s:.0f}s"
+            print(f"embedmesh: {child.name}: {why}; killing it", file=sys.stderr, flush=True)
             child.proc.kill()
             child.proc.wait()

@@ -62,6 +62,14 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def wait_gone(pids: set[int], timeout_s: float = 5) -> list[int]:
+    """Waits until the processes ``pids`` are gone; those still alive after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [pid for pid in pids if alive(pid)]
+
+
 def cmdline(pid: int) -> str:
     """What ``ps`` shows any user: the process's arguments, space-separated."""
     try:

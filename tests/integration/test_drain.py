@@ -10,7 +10,15 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.integration.launched import START_S, Load, base_url, free_port, start
+from tests.integration.launched import (
+    START_S,
+    Load,
+    base_url,
+    descendants,
+    free_port,
+    start,
+    wait_gone,
+)
 
 GRACE_S = 120  # far more than the test's requests need: the drain, not the grace, ends them
 HEAVY = 800  # inputs: a request that takes longer than the old fixed 5 s stop of a stage
@@ -52,6 +60,29 @@ def test_sigterm_under_load_finishes_every_accepted_request_refuses_the_rest_and
     # Every client ended on a clean refusal: the server was gone, and said so.
     assert load.count("refused") >= len(load.texts), summary
     assert "ingress draining" in err and "ingress stopped" in err
+
+
+def test_a_second_sigterm_stops_at_once_without_waiting_for_the_drain(tmp_path: Path) -> None:
+    run = start(tmp_path, "--http-port", str(free_port()), "--drain-grace", str(GRACE_S))
+    try:
+        base = base_url(run.first_line(START_S))
+        children = descendants(run.proc.pid)
+        with Load(base, [HEAVY]) as load:
+            while not load.sending:  # a heavy request is on its way
+                time.sleep(0.01)
+            time.sleep(0.5)
+            run.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)  # the ingress drains: the heavy request is still running
+            run.proc.send_signal(signal.SIGTERM)
+            code = run.proc.wait(timeout=GRACE_S / 2)  # well before the heavy request is done
+            load.stop()
+    finally:
+        run.kill()
+    err = run.stderr.read_text()
+    assert code == 0, err[-3000:]
+    assert "a second Ctrl-C or SIGTERM stops at once" in err
+    assert "embedmesh: ingress: a second signal; killing it" in err, err[-3000:]
+    assert not wait_gone(children), "children outlived the supervisor"
 
 
 def _wait_listening(base: str, timeout_s: float = START_S) -> None:

@@ -27,13 +27,13 @@ from tests.integration.launched import (
     MODEL,
     START_S,
     Launched,
-    alive,
     cmdline,
     descendants,
     environ,
     free_port,
     request,
     start,
+    wait_gone,
 )
 
 KEY = "ingress-procs-secret-7f3a"
@@ -71,13 +71,6 @@ def counter(text: str, series: str) -> float:
 
 def ingress_children(parent: int) -> set[int]:
     return {pid for pid in descendants(parent) if "--role ingress" in cmdline(pid)}
-
-
-def wait_gone(pids: set[int]) -> list[int]:
-    deadline = time.monotonic() + 5
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return [pid for pid in pids if alive(pid)]
 
 
 @pytest.fixture
