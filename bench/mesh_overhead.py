@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -57,13 +58,15 @@ class NullEngine:
         return torch.zeros(len(offsets) - 1, DIMS)
 
 
-def null_worker(batch_ms: float) -> tuple[NullEngine, ModelInfo]:
-    info = ModelInfo("null", [], DIMS, 512, VOCAB, "mean", True, "0" * 64)
+def null_worker(batch_ms: float) -> tuple[NullEngine, ModelInfo, bytes]:
+    tokenizer = b"{}"  # no client here tokenizes; the broker checks only its digest
+    digest = hashlib.sha256(tokenizer).hexdigest()
+    info = ModelInfo("null", [], DIMS, 512, VOCAB, "mean", True, digest)
     torch.set_num_threads(1)  # no OpenMP spinning to blur the core shares
-    return NullEngine(batch_ms), info
+    return NullEngine(batch_ms), info, tokenizer
 
 
-def model_worker(model_dir: str, device: str, budget: int) -> tuple[object, ModelInfo]:
+def model_worker(model_dir: str, device: str, budget: int) -> tuple[object, ModelInfo, bytes]:
     """A real engine, served as "null" so the client side stays the same; CUDA graphs of
     the small buckets captured first, as docs/gpu.md's mesh runs do."""
     from mesh.worker.engine.engine import Engine
@@ -74,7 +77,7 @@ def model_worker(model_dir: str, device: str, budget: int) -> tuple[object, Mode
         "null", [], engine.card.dims, engine.card.max_input_tokens, engine.vocab_size,
         engine.card.pooling, engine.card.normalize, engine.card.tokenizer_digest,
     )  # fmt: skip
-    return engine, info
+    return engine, info, engine.card.tokenizer_json
 
 
 def run_worker(backend: str, args: argparse.Namespace) -> None:
@@ -84,14 +87,14 @@ def run_worker(backend: str, args: argparse.Namespace) -> None:
     from mesh.worker.server import WorkerOptions, WorkerServer
 
     if args.model:
-        engine, info = model_worker(args.model, args.device, args.budget)
+        engine, info, tokenizer = model_worker(args.model, args.device, args.budget)
     else:
-        engine, info = null_worker(args.batch_ms)
+        engine, info, tokenizer = null_worker(args.batch_ms)
     options = WorkerOptions(
         "null", 2, args.budget, 4096, args.device, inline_max_ms=args.inline_max_ms
     )
     ctx = zmq.Context()
-    server = WorkerServer(ctx, engine, info, b"{}", backend, options, Liveness())  # type: ignore[arg-type]
+    server = WorkerServer(ctx, engine, info, tokenizer, backend, options, Liveness())  # type: ignore[arg-type]
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     server.run()
     print("worker:", server.stats.summary(), file=sys.stderr)

@@ -73,3 +73,69 @@ def test_the_default_gpu_budget_is_the_largest_graph_bucket() -> None:
     assert engine.runner is not None
     assert engine.max_batch_tokens == engine.runner.buckets[-1]
     assert engine.runner.bucket_for(engine.max_batch_tokens, 1) is not None
+
+
+def test_an_idle_cuda_worker_answers_queries_on_its_link_thread_with_the_same_vectors() -> None:
+    import threading
+
+    import zmq
+
+    from mesh.config import Liveness
+    from mesh.worker.server import WorkerOptions, WorkerServer
+    from proto_msgs import BatchResult, Heartbeat, ModelInfo, WorkerReady, decode, encode
+
+    engine = Engine.load(MINILM_DIR, device="cuda")
+    engine.warmup([16, 64])
+    threads: list[str] = []
+    embed = engine.embed
+
+    def spy(ids: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
+        threads.append(threading.current_thread().name)
+        return embed(ids, offsets)
+
+    engine.embed = spy  # type: ignore[method-assign]
+    card = engine.card
+    info = ModelInfo(
+        "m", [], card.dims, card.max_input_tokens, engine.vocab_size, "mean", True, "0" * 64
+    )
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind("inproc://gpu-fake-broker")
+    options = WorkerOptions("w", 2, 16384, 64, "cuda")
+    server = WorkerServer(
+        ctx, engine, info, b"{}", "inproc://gpu-fake-broker", options, Liveness(interval_s=0.5)
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        assert router.poll(30_000)
+        identity, *frames = router.recv_multipart()
+        assert isinstance(decode(frames), WorkerReady)
+        got = []
+        query = BatchAssign(  # a 16-token query: its graph is warm, so it is quick
+            batch_id=0,
+            model="m",
+            timeout_ms=60_000,
+            outputs=[OutputOptions()],
+            output_index=np.zeros(1, dtype=np.int32),
+            token_ids=np.array([101, *range(2000, 2014), 102], dtype=np.int32),
+            offsets=np.array([0, 16], dtype=np.int32),
+        )
+        for i in range(4):  # one at a time: idle whenever the next arrives
+            query.batch_id = i
+            router.send_multipart([identity, *encode(query)])
+            while True:
+                assert router.poll(30_000)
+                reply = decode(router.recv_multipart()[1:])
+                if not isinstance(reply, Heartbeat):
+                    break
+            assert isinstance(reply, BatchResult)
+            got.append(reply.embeddings[0])
+    finally:
+        server.stop()
+        thread.join(10)
+        router.close(linger=0)
+        ctx.destroy(linger=0)
+    assert threads[0] != "broker-link" and threads[1:] == ["broker-link"] * 3
+    for g in got[1:]:  # the same query through the threads and the link: the same vector
+        np.testing.assert_allclose(g, got[0], atol=1e-6)
