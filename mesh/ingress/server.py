@@ -83,6 +83,7 @@ async def serve(
     publisher = asyncio.create_task(_publish_metrics(app)) if multiprocess_dir() else None
     try:
         await runner.setup()
+        await _wait_catalog(client, cfg.liveness.expiry_s)
         site = web.TCPSite(
             runner, cfg.http_host, cfg.http_port, reuse_address=True, reuse_port=cfg.reuse_port
         )
@@ -102,6 +103,15 @@ async def serve(
         await runner.cleanup()
         await client.close()
         log.info("ingress stopped")
+
+
+async def _wait_catalog(client: MeshClient, wait_s: float) -> None:
+    """Until a broker has listed its models, for up to ``wait_s`` (a mesh without workers yet
+    must still answer /health). A process restarted beside serving siblings would otherwise
+    take connections at once and answer its first requests 404, before the catalog came."""
+    deadline = time.monotonic() + wait_s
+    while not client.models() and time.monotonic() < deadline:
+        await asyncio.sleep(DRAIN_POLL_S)
 
 
 class Gate:
