@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
@@ -9,6 +10,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 from tests.integration.launched import (
     START_S,
@@ -83,6 +86,65 @@ def test_a_second_sigterm_stops_at_once_without_waiting_for_the_drain(tmp_path: 
     assert "a second Ctrl-C or SIGTERM stops at once" in err
     assert "embedmesh: ingress: a second signal; killing it" in err, err[-3000:]
     assert not wait_gone(children), "children outlived the supervisor"
+
+
+async def test_a_draining_ingress_refuses_late_work_and_finishes_accepted_work() -> None:
+    """The drain itself, in process on real sockets, step by step: new connections refused,
+    a late request on a kept-alive connection 503 with Connection: close, the accepted one
+    finished (also with Connection: close) before the drain ends."""
+    import aiohttp
+    from aiohttp import web
+
+    from mesh.ingress.server import Gate, _drain
+
+    release = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        await request.read()
+        await release.wait()
+        return web.json_response({"done": True})
+
+    async def fast(request: web.Request) -> web.Response:
+        return web.json_response({"done": True})
+
+    gate = Gate(body_timeout_s=30)
+    app = web.Application(middlewares=[gate.middleware])
+    app.router.add_post("/slow", slow)
+    app.router.add_get("/fast", fast)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    url = f"http://127.0.0.1:{port}"
+
+    def one_connection() -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+
+    try:
+        async with one_connection() as busy, one_connection() as idle:
+            async with idle.get(f"{url}/fast") as resp:  # idle now holds a kept-alive connection
+                assert resp.status == 200 and resp.headers.get("Connection") != "close"
+            accepted = asyncio.create_task(busy.post(f"{url}/slow", data=b"body"))
+            while gate.in_flight == 0:
+                await asyncio.sleep(0.01)
+            drain = asyncio.create_task(_drain(runner, gate, grace_s=60))
+            while not gate.draining:
+                await asyncio.sleep(0.01)
+            async with one_connection() as fresh:
+                with pytest.raises(aiohttp.ClientConnectorError):  # the listener is closed
+                    await fresh.get(f"{url}/fast")
+            async with idle.get(f"{url}/fast") as resp:  # late, on an open connection
+                assert resp.status == 503 and resp.headers["Connection"] == "close"
+                assert (await resp.json())["error"]["code"] == "unavailable"
+            await asyncio.sleep(0.5)
+            assert not drain.done(), "the drain ended with a request still in flight"
+            release.set()
+            resp = await accepted
+            assert resp.status == 200 and resp.headers["Connection"] == "close"
+            assert await resp.json() == {"done": True}
+            await asyncio.wait_for(drain, 30)
+    finally:
+        await runner.cleanup()
 
 
 def _wait_listening(base: str, timeout_s: float = START_S) -> None:
