@@ -7,6 +7,11 @@ that to launch one, the GPU waits on Python. This runs the same FCFS batches as
 as the worker does) and prints the host milliseconds per batch and the top functions.
 
     python3 bench/gpu_host_profile.py [--model DIR] [--batches 100]
+    python3 bench/gpu_host_profile.py --query [--gap-ms 2]   # one idle 16-token query
+
+``--query``: one 16-token query at a time, as an idle worker serves it (launch, then collect),
+``--gap-ms`` apart (an idle worker's thread has slept before each), against the engine alone
+(``embed(...).cpu()``), then the query path under cProfile.
 """
 
 from __future__ import annotations
@@ -65,12 +70,58 @@ def run(pipe: ResultPipeline, batches: list[BatchAssign]) -> list[float]:
     return host
 
 
+def query_profile(engine: Engine, pipe: ResultPipeline, gap_s: float, n: int = 300) -> None:
+    query = BatchAssign(
+        batch_id=0,
+        model="m",
+        timeout_ms=60_000,
+        outputs=[OutputOptions()],
+        output_index=np.zeros(1, dtype=np.int32),
+        token_ids=np.array([101, *range(2000, 2014), 102], dtype=np.int32),
+        offsets=np.array([0, 16], dtype=np.int32),
+    )
+    engine.warmup([16])
+
+    def timed(fn) -> list[float]:  # noqa: ANN001
+        out = []
+        for _ in range(n):
+            time.sleep(gap_s)
+            t = time.perf_counter()
+            fn()
+            out.append(1000 * (time.perf_counter() - t))
+        return out[n // 5 :]
+
+    launch: list[float] = []
+
+    def through_pipeline() -> None:
+        t = time.perf_counter()
+        launched = pipe.launch(query)
+        launch.append(1000 * (time.perf_counter() - t))
+        pipe.collect(launched)
+
+    alone = timed(lambda: engine.embed(query.token_ids, query.offsets).cpu())
+    whole = timed(through_pipeline)
+    print(
+        f"16-token query, {1000 * gap_s:.1f} ms apart, median ms: engine alone {np.median(alone):.3f}; "
+        f"pipeline launch {np.median(launch[n // 5 :]):.3f}, launch + collect {np.median(whole):.3f}"
+    )
+    prof = cProfile.Profile()
+    prof.enable()
+    timed(through_pipeline)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    print(text.getvalue())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", type=Path, default=MINILM_DIR)
     ap.add_argument("--texts", type=int, default=5000)
     ap.add_argument("--kernels", default=None)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    ap.add_argument("--query", action="store_true", help="profile one idle 16-token query")
+    ap.add_argument("--gap-ms", type=float, default=2.0, help="--query: sleep between queries")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -78,6 +129,9 @@ def main() -> None:
     print("torch threads", torch.get_num_threads(), "switch interval", sys.getswitchinterval())
     engine = Engine.load(args.model, device="cuda", max_batch_tokens=BUDGET, kernels=args.kernels)
     pipe = ResultPipeline(engine, engine.device, depth=2)
+    if args.query:
+        query_profile(engine, pipe, args.gap_ms / 1000)
+        return
     batches = assignments(args.texts)
     run(pipe, batches)  # warm: captures the buckets met
     run(pipe, batches)
