@@ -10,7 +10,9 @@ A message is ``[header][msgpack body][payload frame]...``:
   without copying (``send_multipart(..., copy=False)``) and decoded with ``np.frombuffer``.
 
 Decoding validates every field against the message's type hints and every frame against its
-descriptor and ``limits``; any mismatch raises ``ProtocolError``.
+descriptor and ``limits``; any mismatch raises ``ProtocolError``. The hints are read once per
+message class into a ``_Plan`` (how each field travels, one checker per body field), so a
+message costs only the checks themselves.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import math
 import struct
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, ClassVar, Union
 
 import msgpack
@@ -48,7 +51,6 @@ class Message:
     """Base of every wire message: a dataclass with a ``COMMAND`` byte, registered at import."""
 
     COMMAND: ClassVar[int]
-    _hints: ClassVar[dict[str, Any]]
 
     def validate(self) -> None:
         """Cross-field checks beyond the types; raise ProtocolError."""
@@ -66,26 +68,217 @@ def register(cls: type[Message]) -> type[Message]:
     return cls
 
 
-def _resolve_hints(cls: type) -> dict[str, Any]:
-    hints = cls.__dict__.get("_hints")
-    if hints is None:
-        hints = typing.get_type_hints(cls)
-        hints = {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-        cls._hints = hints  # type: ignore[attr-defined]
-    return hints
+# ---- plans: a message class's hints, read once -------------------------------------------------
+
+Check = Callable[[Any], Any]  # a decoded body value → the field's value, or ProtocolError
+
+# How a field travels: in the msgpack body, or as payload frames (one array, a list of arrays,
+# one blob).
+_BODY, _ARRAY, _ARRAYS, _BLOB = range(4)
+_MISSING = object()
 
 
-def _is_payload(tp: Any) -> bool:
-    return tp is np.ndarray or tp is bytes or tp == list[np.ndarray]
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Plan:
+    """What encoding and decoding one message class needs, worked out from its hints once."""
+
+    name: str
+    fields: tuple[tuple[str, int], ...]  # every field in declaration order, and how it travels
+    body: tuple[tuple[str, str, Check], ...]  # body fields: name, "missing" error, checker
+    payload: dict[str, int]  # payload fields, in declaration order
+    lists: tuple[str, ...]  # the payload fields that are lists of arrays
+
+
+_PLANS: dict[type, _Plan] = {}
+
+
+def _plan(cls: type) -> _Plan:
+    # Built on first use, not at @register: a hint may name a class declared further down.
+    # Two threads racing here build equal plans; either may stay.
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = _PLANS[cls] = _make_plan(cls)
+    return plan
+
+
+def _field_hints(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _travels(tp: Any) -> int:
+    if tp is np.ndarray:
+        return _ARRAY
+    if tp == list[np.ndarray]:
+        return _ARRAYS
+    return _BLOB if tp is bytes else _BODY
+
+
+def _make_plan(cls: type) -> _Plan:
+    hints = _field_hints(cls)
+    fields = tuple((name, _travels(tp)) for name, tp in hints.items())
+    body = {name: hints[name] for name, how in fields if how == _BODY}
+    return _Plan(
+        name=cls.__name__,
+        fields=fields,
+        body=_body_checks(body, cls.__name__),
+        payload={name: how for name, how in fields if how != _BODY},
+        lists=tuple(name for name, how in fields if how == _ARRAYS),
+    )
+
+
+def _body_checks(hints: dict[str, Any], where: str) -> tuple[tuple[str, str, Check], ...]:
+    return tuple(
+        (name, f"{where}.{name}: missing", _checker(tp, f"{where}.{name}"))
+        for name, tp in hints.items()
+    )
+
+
+def _read_body(
+    value: dict[str, Any], checks: tuple[tuple[str, str, Check], ...], into: dict
+) -> dict:
+    for name, missing, check in checks:
+        item = value.get(name, _MISSING)
+        if item is _MISSING:
+            raise ProtocolError(missing)
+        into[name] = check(item)
+    return into
+
+
+def _checker(tp: Any, where: str) -> Check:
+    """The checker of one body value of type ``tp``: validates (and lightly coerces) it."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return _union_checker(tp, where)
+    if origin is list:
+        return _list_checker(tp, where)
+    if origin is dict:
+        return _dict_checker(tp, where)
+    if dataclasses.is_dataclass(tp):
+        return _map_checker(tp, where)
+    return _scalar_checker(tp, where)
+
+
+def _union_checker(tp: Any, where: str) -> Check:
+    args = typing.get_args(tp)
+    nullable = type(None) in args
+    options = tuple(_checker(arg, where) for arg in args if arg is not type(None))
+
+    def check_union(value: Any) -> Any:
+        if value is None and nullable:
+            return None
+        for option in options:
+            try:
+                return option(value)
+            except ProtocolError:
+                continue
+        raise ProtocolError(f"{where}: {type(value).__name__} fits none of {tp}")
+
+    return check_union
+
+
+def _list_checker(tp: Any, where: str) -> Check:
+    (item_tp,) = typing.get_args(tp)
+    item = _checker(item_tp, f"{where}[]")
+
+    def check_list(value: Any) -> list[Any]:
+        if not isinstance(value, list):
+            raise ProtocolError(f"{where}: expected a list")
+        if len(value) > limits.MAX_SEQUENCES:
+            raise ProtocolError(f"{where}: list too long")
+        return [item(v) for v in value]
+
+    return check_list
+
+
+def _dict_checker(tp: Any, where: str) -> Check:
+    ktp, vtp = typing.get_args(tp)
+    key, val = _checker(ktp, f"{where}.key"), _checker(vtp, f"{where}.value")
+
+    def check_dict(value: Any) -> dict[Any, Any]:
+        if not isinstance(value, dict) or len(value) > limits.MAX_SEQUENCES:
+            raise ProtocolError(f"{where}: expected a map")
+        return {key(k): val(v) for k, v in value.items()}
+
+    return check_dict
+
+
+def _map_checker(cls: type, where: str) -> Check:
+    checks = _body_checks(_field_hints(cls), where)
+
+    def check_map(value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected a map")
+        return cls(**_read_body(value, checks, {}))
+
+    return check_map
+
+
+def _scalar_checker(tp: Any, where: str) -> Check:
+    if tp is bool:
+
+        def check_bool(value: Any) -> bool:
+            if not isinstance(value, bool):
+                raise ProtocolError(f"{where}: expected a bool")
+            return value
+
+        return check_bool
+    if tp is int:
+
+        def check_int(value: Any) -> int:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ProtocolError(f"{where}: expected an int")
+            return value
+
+        return check_int
+    if tp is float:
+
+        def check_float(value: Any) -> float:
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ProtocolError(f"{where}: expected a number")
+            return float(value)
+
+        return check_float
+    if tp is str:
+
+        def check_str(value: Any) -> str:
+            # The limit is read at each call, not captured: tests may change it.
+            if not isinstance(value, str) or len(value) > limits.MAX_STRING:
+                raise ProtocolError(f"{where}: expected a string")
+            return value
+
+        return check_str
+
+    def unsupported(value: Any) -> Any:  # pragma: no cover
+        raise ProtocolError(f"{where}: unsupported field type {tp}")
+
+    return unsupported
 
 
 # ---- encoding ---------------------------------------------------------------------------------
 
+# Values msgpack takes as they are: most body fields, so they skip _plain's walk.
+_AS_IS = frozenset({int, float, str, bool, bytes, type(None)})
+_DATACLASS_FIELDS: dict[type, tuple[str, ...] | None] = {}
+_WIRE_NAMES: dict[np.dtype, str] = {v: k for k, v in WIRE_DTYPES.items()}
+
+
+def _dataclass_fields(tp: type) -> tuple[str, ...] | None:
+    names = _DATACLASS_FIELDS.get(tp, _MISSING)
+    if names is _MISSING:
+        names = _DATACLASS_FIELDS[tp] = (
+            tuple(f.name for f in dataclasses.fields(tp)) if dataclasses.is_dataclass(tp) else None
+        )
+    return names  # type: ignore[return-value]
+
 
 def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, list | tuple):
+    if type(value) in _AS_IS:
+        return value
+    names = _dataclass_fields(type(value))
+    if names is not None:
+        return {name: _plain(getattr(value, name)) for name in names}
+    if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
@@ -98,7 +291,9 @@ def _plain(value: Any) -> Any:
 
 def _array_frame(name: str, arr: np.ndarray) -> tuple[list[Any], np.ndarray]:
     wire = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
-    dtype_name = next((k for k, v in WIRE_DTYPES.items() if v == wire), None)
+    dtype_name = _WIRE_NAMES.get(wire)
+    if dtype_name is None:  # equal dtypes need not hash alike: the slow look before refusing
+        dtype_name = next((k for k, v in WIRE_DTYPES.items() if v == wire), None)
     if dtype_name is None:
         raise TypeError(f"{name}: dtype {arr.dtype} cannot travel on the wire")
     arr = np.ascontiguousarray(arr, dtype=WIRE_DTYPES[dtype_name])
@@ -107,26 +302,25 @@ def _array_frame(name: str, arr: np.ndarray) -> tuple[list[Any], np.ndarray]:
 
 def encode(msg: Message) -> list[Frame]:
     """Frames for ``msg`` (without any routing identity)."""
-    hints = _resolve_hints(type(msg))
     body: dict[str, Any] = {}
     descriptors: list[list[Any]] = []
     payload: list[Frame] = []
-    for name, tp in hints.items():
+    for name, how in _plan(type(msg)).fields:
         value = getattr(msg, name)
-        if tp is np.ndarray:
+        if how == _BODY:
+            body[name] = value if type(value) in _AS_IS else _plain(value)
+        elif how == _ARRAY:
             desc, arr = _array_frame(name, value)
             descriptors.append(desc)
             payload.append(arr)
-        elif tp == list[np.ndarray]:
+        elif how == _ARRAYS:
             for arr in value:
                 desc, arr = _array_frame(name, arr)
                 descriptors.append(desc)
                 payload.append(arr)
-        elif tp is bytes:
+        else:
             descriptors.append([name, "bytes", len(value)])
             payload.append(value)
-        else:
-            body[name] = _plain(value)
     body["_a"] = descriptors
     header = _HEADER.pack(MAGIC, VERSION, msg.COMMAND)
     return [header, msgpack.packb(body, use_bin_type=True), *payload]
@@ -146,122 +340,58 @@ def _buffer(frame: Frame) -> memoryview:
     return view
 
 
-def _check(value: Any, tp: Any, where: str) -> Any:
-    """Validate (and lightly coerce) one decoded body value against its type hint."""
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _check(value, arg, where)
-            except ProtocolError:
-                continue
-        raise ProtocolError(f"{where}: {type(value).__name__} fits none of {tp}")
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise ProtocolError(f"{where}: expected a list")
-        if len(value) > limits.MAX_SEQUENCES:
-            raise ProtocolError(f"{where}: list too long")
-        return [_check(v, item, f"{where}[]") for v in value]
-    if origin is dict:
-        ktp, vtp = typing.get_args(tp)
-        if not isinstance(value, dict) or len(value) > limits.MAX_SEQUENCES:
-            raise ProtocolError(f"{where}: expected a map")
-        return {
-            _check(k, ktp, f"{where}.key"): _check(v, vtp, f"{where}.value")
-            for k, v in value.items()
-        }
-    if dataclasses.is_dataclass(tp):
-        return _from_map(tp, value, where)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ProtocolError(f"{where}: expected a bool")
-        return value
-    if tp is int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ProtocolError(f"{where}: expected an int")
-        return value
-    if tp is float:
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise ProtocolError(f"{where}: expected a number")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str) or len(value) > limits.MAX_STRING:
-            raise ProtocolError(f"{where}: expected a string")
-        return value
-    raise ProtocolError(f"{where}: unsupported field type {tp}")  # pragma: no cover
-
-
-def _from_map(cls: type, value: Any, where: str, extra: dict[str, Any] | None = None) -> Any:
-    if not isinstance(value, dict):
-        raise ProtocolError(f"{where}: expected a map")
-    hints = _resolve_hints(cls)
-    kwargs: dict[str, Any] = dict(extra or {})
-    for name, tp in hints.items():
-        if name in kwargs:
-            continue
-        if name not in value:
-            raise ProtocolError(f"{where}.{name}: missing")
-        kwargs[name] = _check(value[name], tp, f"{where}.{name}")
-    return cls(**kwargs)
+def _array(buf: memoryview, kind: Any, shape: Any, where: str) -> np.ndarray:
+    dtype = WIRE_DTYPES.get(kind) if isinstance(kind, str) else None
+    if dtype is None or not isinstance(shape, list) or not 1 <= len(shape) <= 2:
+        raise ProtocolError(f"{where}: bad array descriptor")
+    for s in shape:
+        if not isinstance(s, int) or isinstance(s, bool) or not 0 <= s <= limits.MAX_ARRAY_BYTES:
+            raise ProtocolError(f"{where}: bad array descriptor")
+    # Python ints: np.prod in int64 wraps around on huge declared shapes.
+    if math.prod(shape) * dtype.itemsize != buf.nbytes:
+        raise ProtocolError(f"{where}: frame size disagrees with shape {shape}")
+    arr = np.frombuffer(buf, dtype=dtype)
+    return arr if len(shape) == 1 else arr.reshape(shape)  # 1-D: the size check fixed its shape
 
 
 def _payload_fields(
-    hints: dict[str, Any], descriptors: Any, frames: list[Frame], where: str
+    plan: _Plan, descriptors: Any, frames: list[Frame] | tuple[Frame, ...]
 ) -> dict[str, Any]:
+    where = plan.name
     if not isinstance(descriptors, list) or len(descriptors) != len(frames):
         raise ProtocolError(f"{where}: {len(frames)} payload frames, descriptors disagree")
-    out: dict[str, Any] = {n: [] for n, tp in hints.items() if tp == list[np.ndarray]}
+    travels = plan.payload
+    out: dict[str, Any] = {n: [] for n in plan.lists}
     for desc, frame in zip(descriptors, frames, strict=True):
         if not isinstance(desc, list) or len(desc) != 3 or not isinstance(desc[0], str):
             raise ProtocolError(f"{where}: bad payload descriptor")
         name, kind, shape = desc
-        tp = hints.get(name)
-        if tp is None or not _is_payload(tp):
+        how = travels.get(name)
+        if how is None:
             raise ProtocolError(f"{where}: payload for unknown field {name!r}")
         buf = _buffer(frame)
         if buf.nbytes > limits.MAX_ARRAY_BYTES:
             raise ProtocolError(f"{where}.{name}: frame over {limits.MAX_ARRAY_BYTES} bytes")
-        if tp is bytes:
+        if how == _BLOB:
             if kind != "bytes" or shape != buf.nbytes or name in out:
                 raise ProtocolError(f"{where}.{name}: bad blob descriptor")
             out[name] = bytes(buf)
-            continue
-        dtype = WIRE_DTYPES.get(kind) if isinstance(kind, str) else None
-        if (
-            dtype is None
-            or not isinstance(shape, list)
-            or not 1 <= len(shape) <= 2
-            or not all(
-                isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= limits.MAX_ARRAY_BYTES
-                for s in shape
-            )
-        ):
-            raise ProtocolError(f"{where}.{name}: bad array descriptor")
-        # Python ints: np.prod in int64 wraps around on huge declared shapes.
-        if math.prod(shape) * dtype.itemsize != buf.nbytes:
-            raise ProtocolError(f"{where}.{name}: frame size disagrees with shape {shape}")
-        arr = np.frombuffer(buf, dtype=dtype).reshape(shape)
-        if tp is np.ndarray:
+        elif how == _ARRAY:
+            arr = _array(buf, kind, shape, f"{where}.{name}")
             if name in out:
                 raise ProtocolError(f"{where}.{name}: sent twice")
             out[name] = arr
         else:
-            out[name].append(arr)
-    missing = [n for n, tp in hints.items() if _is_payload(tp) and n not in out]
-    if missing:
+            out[name].append(_array(buf, kind, shape, f"{where}.{name}"))
+    if len(out) != len(travels):  # list fields are always in out: an empty list is a list
+        missing = [n for n in travels if n not in out]
         raise ProtocolError(f"{where}: payload missing for {missing}")
     return out
 
 
 def decode(frames: list[Frame]) -> Message:
     """The message in ``frames`` (routing identities already removed) or ProtocolError."""
-    if not isinstance(frames, list | tuple) or len(frames) < 2:
+    if not isinstance(frames, (list, tuple)) or len(frames) < 2:
         raise ProtocolError("a message needs a header and a body frame")
     if len(frames) > limits.MAX_FRAMES:
         raise ProtocolError(f"more than {limits.MAX_FRAMES} frames")
@@ -292,14 +422,15 @@ def decode(frames: list[Frame]) -> Message:
     cid = body.get("cid")
     if not isinstance(cid, int) or isinstance(cid, bool):
         cid = None
-    where = cls.__name__
+    plan = _plan(cls)
     try:
-        payload = _payload_fields(_resolve_hints(cls), body.get("_a"), list(frames[2:]), where)
-        msg = _from_map(cls, body, where, extra=payload)
+        # Payload first, then the body fields in declaration order, as errors have always come.
+        fields = _payload_fields(plan, body.get("_a"), frames[2:])
+        msg = cls(**_read_body(body, plan.body, fields))
         msg.validate()
     except ProtocolError as exc:
         exc.cid = cid
         raise
     except (TypeError, ValueError, OverflowError) as exc:
-        raise ProtocolError(f"{where}: {exc}", cid) from exc
+        raise ProtocolError(f"{plan.name}: {exc}", cid) from exc
     return msg

@@ -22,6 +22,7 @@ from proto_msgs import (
     RequestError,
     RequestResult,
     SubmitRequest,
+    TokenizerReply,
     WorkerReady,
     decode,
     encode,
@@ -221,6 +222,64 @@ def test_array_sent_twice_is_refused():
     frames[1] = msgpack.packb(body)
     frames[3] = frames[2]
     assert refused(frames, "twice").cid == CID
+
+
+def test_array_left_out_with_its_descriptor_is_refused_with_the_cid():
+    frames = frames_of(submit())
+    body = msgpack.unpackb(frames[1])
+    del body["_a"][1]  # offsets: descriptors and frames still agree in number
+    frames[1] = msgpack.packb(body)
+    del frames[3]
+    assert refused(frames, r"payload missing for \['offsets'\]").cid == CID
+
+
+@pytest.mark.parametrize(
+    "descriptor",
+    [["content", "bytes", 99], ["content", "uint8", [18]], ["content", "bytes", [18]]],
+)
+def test_blob_whose_descriptor_disagrees_is_refused_with_the_cid(descriptor):
+    reply = TokenizerReply(cid=CID, digest="9f" * 32, found=True, content=b'{"version": "1.0"}')
+    frames = frames_of(reply)
+    body = msgpack.unpackb(frames[1])
+    body["_a"][0] = descriptor
+    frames[1] = msgpack.packb(body)
+    assert refused(frames, "content: bad blob descriptor").cid == CID
+
+
+def test_blob_sent_twice_is_refused():
+    reply = TokenizerReply(cid=CID, digest="9f" * 32, found=True, content=b"{}")
+    frames = frames_of(reply)
+    body = msgpack.unpackb(frames[1])
+    body["_a"].append(body["_a"][0])
+    frames[1] = msgpack.packb(body)
+    assert refused([*frames, frames[2]], "content: bad blob descriptor").cid == CID
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"timings": {"worker_compute": "slow"}}, r"RequestResult\.timings\.value"),
+        ({"timings": {1: 0.5}}, None),  # msgpack's strict_map_key refuses it first
+        ({"timings": [0.5]}, r"RequestResult\.timings: expected a map"),
+        ({"queue_ms": True}, r"RequestResult\.queue_ms: expected a number"),
+    ],
+)
+def test_nested_body_values_of_the_wrong_type_are_refused(changes, match):
+    result = RequestResult(
+        cid=CID,
+        prompt_tokens=2,
+        indices=np.arange(2, dtype=np.int32),
+        embeddings=embeddings(2, "int8"),
+    )
+    refused(with_body(frames_of(result), **changes), match)
+
+
+def test_output_group_that_is_not_a_map_is_refused():
+    batch = next(m for m in sample_messages() if isinstance(m, BatchAssign))
+    frames = with_body(
+        frames_of(batch), outputs=[{"dims": None, "normalize": True, "kind": "int8"}, 5]
+    )
+    refused(frames, r"BatchAssign\.outputs\[\]: expected a map")
 
 
 def test_payload_frame_over_the_array_limit_is_refused(monkeypatch):
