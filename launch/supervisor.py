@@ -28,48 +28,59 @@ them as ``PROMETHEUS_MULTIPROC_DIR`` and removed with it (see ``mesh/ingress/met
 Secrets never travel in argv (any user can read a command line): the API key reaches the
 ingress children through their environment, and no other child gets it.
 
-Children's output is forwarded to our stderr, each line prefixed with the child's name, and
-its last lines are kept for those messages. Children run in their own session (a terminal's
-Ctrl-C reaches only us, so the shutdown keeps its order) and die with us if we are killed.
+Starting, watching the output of and stopping a child: ``launch/children.py``; the start-up
+probes: ``launch/readiness.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
-import ctypes
-import ctypes.util
 import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from threading import Event
 from typing import Any
 
 import zmq
 
+from launch.children import (  # die_with_parent*: re-exported for cli and bench
+    POLL_S,
+    Child,
+    RoleFailed,
+    die_with_parent,
+    die_with_parent_from_env,
+    how_it_ended,
+    spawn,
+    start_child,
+    start_pump,
+    stop_all,
+)
 from launch.ingress_role import DEFAULT_BROKER, api_key, ingress_procs
+from launch.readiness import wait_listening, wait_ready
 from mesh.config import DEFAULT_REQUEST_TIMEOUT_S
 from mesh.ingress.config import DRAIN_GRACE_S
 
-START_TIMEOUT_S = 120.0  # model load on a slow CPU plus imports; a GPU start is faster
-# How long each stage of a stop may take before SIGKILL. Ingresses: their --drain-grace plus
-# DRAIN_MARGIN_S (closing the mesh client, exiting the interpreter; 2..10 is reasonable).
-# Workers: WORKER_STOP_S, the time to finish the batches they hold (their compute loop waits
-# 10 s for the last one, their link 5 s more). The broker: STOP_GRACE_S.
-DRAIN_MARGIN_S = 5.0
-WORKER_STOP_S = 20.0
-STOP_GRACE_S = 5.0
-POLL_S = 0.2
+__all__ = [
+    "RoleFailed",
+    "check_port_free",
+    "child_env",
+    "die_with_parent",
+    "die_with_parent_from_env",
+    "ingress_commands",
+    "restart_delay",
+    "role_commands",
+    "run_all",
+    "run_ingress_group",
+    "spawn",
+    "worker_threads",
+]
+
 # A role that dies while serving is restarted after RESTART_BACKOFF_S, doubling up to
 # RESTART_BACKOFF_MAX_S; a run of STABLE_RUN_S resets its count. --restart-limit restarts in a
 # row (default 5; 3..10 is reasonable) and the supervisor gives up: a crash loop is a bug or a
@@ -78,41 +89,10 @@ RESTART_BACKOFF_S = 1.0
 RESTART_BACKOFF_MAX_S = 30.0
 STABLE_RUN_S = 60.0
 RESTART_LIMIT = 5
-# Set in each child's environment: the child asks the kernel for SIGTERM when we die, then
-# checks that we have not died already (see die_with_parent_from_env).
-PARENT_PID_ENV = "EMBEDMESH_SUPERVISOR_PID"
-TAIL_LINES = 12  # lines of a failed child's output shown to the user
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 API_KEY_ENV = "EMBEDMESH_API_KEY"
 # Never inherited as they are: only ingress children get the key, resolved here (file read).
 SECRET_ENV = (API_KEY_ENV, "EMBEDMESH_API_KEY_FILE")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # mesh.ingress.metrics.MULTIPROC_ENV
-
-
-@dataclass
-class Child:
-    """One role process, how to start it again, its output pump and the tail of its output."""
-
-    name: str
-    proc: subprocess.Popen[bytes]
-    args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    started: float = field(default_factory=time.monotonic)
-    restarts: int = 0  # restarts in a row: since it last ran STABLE_RUN_S
-    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=200))
-    pump: threading.Thread | None = None
-
-    def last_line(self) -> str:
-        """What it printed last: for a crash, the exception and its message."""
-        return next((line.strip() for line in reversed(self.tail) if line.strip()), "no output")
-
-    def tail_text(self, lines: int = TAIL_LINES) -> str:
-        shown = [line for line in self.tail if line.strip()][-lines:]
-        return "\n".join(f"  | {line}" for line in shown) or "  | (no output)"
-
-
-class RoleFailed(Exception):
-    """A child exited on its own, or the mesh did not come up in time."""
 
 
 def run_all(opts: dict[str, Any]) -> int:
@@ -122,7 +102,7 @@ def run_all(opts: dict[str, Any]) -> int:
         frontend, backend = _endpoints(tmp)
         commands = role_commands(opts, frontend, backend)
         children += spawn(commands, lambda name: child_env(opts, name, metrics_dir))
-        url, model = asyncio.run(_wait_ready(opts, children, stop))
+        url, model = asyncio.run(wait_ready(opts, children, stop))
         if not stop.is_set():
             print(f"embedmesh serving {model} at {url} ({_sizes(opts)})", flush=True)
 
@@ -141,7 +121,7 @@ def run_ingress_group(opts: dict[str, Any]) -> int:
 
     def start(tmp: Path, metrics_dir: Path | None, children: list[Child], stop: Event) -> None:
         children += spawn(commands, lambda name: {**child_env(opts, name, metrics_dir), **extra})
-        url = asyncio.run(_wait_listening(opts, children, stop))
+        url = asyncio.run(wait_listening(opts, children, stop))
         if not stop.is_set():
             # As --role all does: the line says the group is up (a child that dies before it
             # fails the start; after it, the child is restarted).
@@ -179,7 +159,7 @@ def _supervise(
                 file=sys.stderr,
                 flush=True,
             )
-        _stop_all(children, _drain_grace(opts), hurry)
+        stop_all(children, _drain_grace(opts), hurry)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -241,7 +221,7 @@ def _plan_restart(child: Child, code: int, limit: int) -> float:
     ran_s = time.monotonic() - child.started
     child.restarts = 1 if ran_s >= STABLE_RUN_S else child.restarts + 1
     delay = restart_delay(child.restarts, limit)
-    died = f"the {child.name} process {_how(code)} while serving: {child.last_line()}"
+    died = f"the {child.name} process {how_it_ended(code)} while serving: {child.last_line()}"
     if delay is None:
         why = (
             "not restarting it (--restart-limit 0)"
@@ -264,9 +244,9 @@ def _plan_restart(child: Child, code: int, limit: int) -> float:
 
 
 def _respawn(dead: Child) -> Child:
-    child = _start_child(dead.name, dead.args, dead.env)
+    child = start_child(dead.name, dead.args, dead.env)
     child.restarts = dead.restarts
-    _start_pump(child)
+    start_pump(child)
     print(f"embedmesh: restarted {child.name} (pid {child.proc.pid})", file=sys.stderr, flush=True)
     return child
 
@@ -470,241 +450,3 @@ def ingress_commands(opts: dict[str, Any], brokers: list[str]) -> dict[str, list
     if procs == 1:
         return {"ingress": args}
     return {f"ingress-{i}": list(args) for i in range(procs)}
-
-
-def _load_libc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
-        return None
-
-
-# Loaded here, in the parent: the child between fork and exec should only make the call.
-_LIBC = _load_libc()
-
-
-def die_with_parent() -> None:
-    """Get SIGTERM when the parent dies, even by SIGKILL (Linux): in a child before exec (as a
-    ``preexec_fn``), or early in the child itself (``die_with_parent_from_env``)."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def die_with_parent_from_env() -> None:
-    """In a role process the supervisor started: die with it. Armed here, after exec, rather
-    than in a ``preexec_fn``: the supervisor restarts roles while its pump threads run, and a
-    ``preexec_fn`` is unsafe in a threaded parent. A parent that died before we armed it is no
-    longer our parent, so that case is caught too."""
-    parent = os.environ.pop(PARENT_PID_ENV, None)  # not inherited by anything we start
-    if parent is None:
-        return
-    die_with_parent()
-    if os.getppid() != int(parent):
-        sys.exit(f"embedmesh: the supervisor (pid {parent}) is gone; not starting")
-
-
-def spawn(commands: dict[str, list[str]], env_for: Callable[[str], dict[str, str]]) -> list[Child]:
-    """Start one ``launch.cli`` child per command (name → arguments), each with the
-    environment ``env_for(name)``; with ``_respawn``, the one place that starts role
-    processes. Pipes buffer what the children print until their pumps start."""
-    children = [_start_child(name, args, env_for(name)) for name, args in commands.items()]
-    for child in children:
-        _start_pump(child)
-    return children
-
-
-def _start_child(name: str, args: list[str], env: dict[str, str]) -> Child:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "launch.cli", *args],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**env, PARENT_PID_ENV: str(os.getpid())},
-        start_new_session=True,
-    )
-    return Child(name, proc, args, env)
-
-
-def _start_pump(child: Child) -> None:
-    child.pump = threading.Thread(target=_pump, args=(child,), daemon=True)
-    child.pump.start()
-
-
-_stderr_lock = threading.Lock()
-
-
-def _pump(child: Child) -> None:
-    """Copy a child's output to our stderr, prefixed with its name; keep the tail."""
-    assert child.proc.stdout is not None
-    prefix = f"{child.name:<9}| ".encode()
-    for raw in iter(child.proc.stdout.readline, b""):
-        child.tail.append(raw.decode(errors="replace").rstrip())
-        with _stderr_lock, contextlib.suppress(OSError, ValueError):
-            sys.stderr.buffer.write(prefix + raw)
-            sys.stderr.buffer.flush()
-
-
-# ---- start-up and watching ------------------------------------------------------------------
-
-
-def _check_alive(children: list[Child], when: str) -> None:
-    for child in children:
-        code = child.proc.poll()
-        if code is not None:
-            if child.pump is not None:
-                child.pump.join(timeout=2)  # let the last lines in
-            raise RoleFailed(
-                f"the {child.name} process {_how(code)} {when}: {child.last_line()}\n"
-                f"Last lines of its output:\n{child.tail_text()}"
-            )
-
-
-def _how(code: int) -> str:
-    return f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def _probe_host(host: str) -> str:
-    """Where to reach an HTTP server bound on ``host`` (a wildcard means this host)."""
-    if host in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
-
-
-async def _wait_ready(opts: dict[str, Any], children: list[Child], stop: Event) -> tuple[str, str]:
-    """Until /health is 200, every ingress process has answered it and /v1/models counts every
-    worker; returns (URL of /v1, the served model names)."""
-    return await _wait_up(opts, children, stop, whole_mesh=True)
-
-
-async def _wait_listening(opts: dict[str, Any], children: list[Child], stop: Event) -> str:
-    """Until every ingress process of a group answers /health, whatever it says: the mesh
-    behind them is not ours to wait for. A child that dies before is a start-up failure.
-    Returns the URL of /v1."""
-    url, _ = await _wait_up(opts, children, stop, whole_mesh=False)
-    return url
-
-
-async def _wait_up(
-    opts: dict[str, Any], children: list[Child], stop: Event, whole_mesh: bool
-) -> tuple[str, str]:
-    import aiohttp
-
-    base = f"http://{_probe_host(str(opts['http_host']))}:{opts['http_port']}"
-    key = api_key(opts)
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    want, procs = int(opts["workers"]) if whole_mesh else 0, ingress_procs(opts)
-    health, models, pids = "no answer yet", [], set()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    # A fresh connection per probe: the kernel picks the ingress process per connection, so a
-    # round of 2N probes meets every listening one with high odds.
-    async with aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(total=2),
-        headers=headers,
-        connector=aiohttp.TCPConnector(force_close=True),
-    ) as http:
-        while not stop.is_set():
-            _check_alive(children, "during start-up")
-            probes = 1 if procs == 1 else 2 * procs
-            answers = await asyncio.gather(*(_health(http, base) for _ in range(probes)))
-            pids.update(pid for _, pid in answers if pid is not None)
-            health = "200" if any(s == "200" for s, _ in answers) else answers[0][0]
-            # Each ingress answers with its pid once it listens; one answer is not the tier.
-            listening = len(pids) >= procs or (procs == 1 and health.isdigit())
-            if listening and not whole_mesh:
-                return f"{base}/v1", ""
-            if listening and health == "200":
-                models = await _models(http, base)
-                # /health is green with the first worker; wait for all, so that the line we
-                # print (and a benchmark started on it) means the whole mesh.
-                if sum(int(m.get("workers", want)) for m in models) >= want:
-                    return f"{base}/v1", _model_names(models, opts)
-            if time.monotonic() > deadline:
-                registered = sum(int(m.get("workers", 0)) for m in models)
-                raise RoleFailed(
-                    f"the mesh was not ready within {START_TIMEOUT_S:.0f}s (GET /health: "
-                    f"{health}; ingress processes answering: {len(pids)} of {procs}; workers "
-                    f"serving: {registered} of {want}).\n"
-                    + "\n".join(f"{c.name}:\n{c.tail_text(8)}" for c in children)
-                )
-            await asyncio.sleep(POLL_S)
-    return f"{base}/v1", ""
-
-
-async def _health(http: Any, base: str) -> tuple[str, int | None]:
-    """GET /health: (the status, or the failure's name; the answering process's pid)."""
-    import aiohttp
-
-    try:
-        async with http.get(f"{base}/health") as resp:
-            body = await resp.json(content_type=None)
-            pid = body.get("pid") if isinstance(body, dict) else None
-            return str(resp.status), pid if isinstance(pid, int) else None
-    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-        return type(exc).__name__, None
-
-
-async def _models(http: Any, base: str) -> list[dict[str, Any]]:
-    """``data`` of GET /v1/models (each with ``id`` and ``workers``); [] when unreadable."""
-    with contextlib.suppress(Exception):
-        async with http.get(f"{base}/v1/models") as resp:
-            if resp.status == 200:
-                return list((await resp.json())["data"])
-    return []
-
-
-def _model_names(models: list[dict[str, Any]], opts: dict[str, Any]) -> str:
-    """The served names (fallbacks: --served-name, the model dir's name)."""
-    if models:
-        return ", ".join(str(m["id"]) for m in models)
-    if opts.get("served_name"):
-        return str(opts["served_name"])
-    return Path(str(opts["model"])).name if opts.get("model") else "the default model"
-
-
-# ---- stopping -------------------------------------------------------------------------------
-
-
-def _stop_all(
-    children: list[Child], drain_grace_s: float = DRAIN_GRACE_S, hurry: Event | None = None
-) -> None:
-    """Ingresses first (they refuse new requests and finish theirs, which needs the workers
-    and the broker still up), then workers (they finish their batches, which needs the
-    broker), then the broker; each stage SIGTERM, then SIGKILL after its wait, or at once
-    when ``hurry`` is set."""
-    stages = [
-        ([c for c in children if c.name.startswith("ingress")], drain_grace_s + DRAIN_MARGIN_S),
-        ([c for c in children if c.name.startswith("worker")], WORKER_STOP_S),
-        ([c for c in children if c.name == "broker"], STOP_GRACE_S),
-    ]
-    for stage, wait_s in stages:
-        _stop_stage(stage, wait_s, hurry or Event())
-    for child in children:
-        if child.pump is not None:
-            child.pump.join(timeout=2)
-
-
-def _stop_stage(stage: list[Child], wait_s: float, hurry: Event) -> None:
-    for child in stage:
-        if child.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                child.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + wait_s
-    for child in stage:
-        while child.proc.poll() is None and time.monotonic() < deadline and not hurry.is_set():
-            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
-        if child.proc.poll() is None:
-            why = "a second signal" if hurry.is_set() else f"not stopped in {wait_s:.0f}s"
-            print(f"embedmesh: {child.name}: {why}; killing it", file=sys.stderr, flush=True)
-            child.proc.kill()
-            child.proc.wait()

@@ -171,7 +171,7 @@ def test_a_crash_loop_is_restarted_with_backoff_then_given_up_loudly(monkeypatch
             supervisor._watch(children, stop, limit=2, metrics_dir=None)
         pids.add(children[0].proc.pid)
     finally:
-        supervisor._stop_all(children)
+        supervisor.stop_all(children)
     assert len(pids) == 2, "the child in the list is the last restart, not the first process"
     err = capfd.readouterr().err
     assert err.count("embedmesh: restarting worker-0") == 2, err
