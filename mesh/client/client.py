@@ -222,19 +222,21 @@ class MeshClient:
             token_ids=request.token_ids,
             offsets=request.offsets,
         )
-        pending = broker.submit(submit, tokens=request.tokens)
+        future = broker.submit(submit, tokens=request.tokens).future
+        # The broker enforces the deadline; this local one (a liveness window later) is the
+        # safety net for a broker that dies silently mid-request. A timer on the future itself,
+        # not wait_for(shield(...)), which adds an outer future, a waiter and their callbacks
+        # (and a wake-up more) to every request.
+        deadline = asyncio.get_running_loop().call_later(
+            timeout_s + self.liveness.expiry_s, _expire, future, timeout_s
+        )
         try:
-            # The broker enforces the deadline; this local one (a liveness window later) is
-            # the safety net for a broker that dies silently mid-request.
-            return await asyncio.wait_for(
-                asyncio.shield(pending.future), timeout_s + self.liveness.expiry_s
-            )
-        except TimeoutError as exc:
-            raise DeadlineExceeded(f"no result within {timeout_s}s") from exc
+            return await future  # the caller's cancellation cancels the future too
         finally:
-            if not pending.future.done():
-                broker.cancel(cid)  # caller gave up (timeout or task cancelled)
-                pending.future.cancel()
+            deadline.cancel()
+            # A request still in the link's table was given up here (deadline or caller
+            # cancelled): the broker drops it. An answered one has left the table: a no-op.
+            broker.cancel(cid)
 
     # ---- embedding: the front door and submit, composed -------------------------------------------
 
@@ -282,6 +284,11 @@ class MeshClient:
         if not live:
             raise Unavailable(f"no live broker has a worker for {model!r}")
         return min(live, key=lambda b: b.outstanding_tokens)
+
+
+def _expire(future: asyncio.Future[EmbedResult], timeout_s: float) -> None:
+    if not future.done():
+        future.set_exception(DeadlineExceeded(f"no result within {timeout_s}s"))
 
 
 def _find(models: list[ModelInfo], name: str) -> ModelInfo | None:
