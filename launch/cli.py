@@ -68,6 +68,35 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     default=config.AGING_S,
     help="[broker] Seconds after which waiting batch-lane work goes first.",
 )
+@click.option(
+    "--live-window",
+    type=click.FloatRange(min=0),
+    default=config.LIVE_WINDOW_S,
+    help="[broker] Seconds after an interactive request during which a model counts as "
+    "serving live traffic (and --live-bulk-batches applies).",
+)
+@click.option(
+    "--live-bulk-batches",
+    type=click.FloatRange(min=0, min_open=True),
+    default=config.LIVE_BULK_BATCHES,
+    help="[broker] While live traffic is about, the batch-lane tokens a worker may hold, in "
+    "its batch budgets: 1 = a query waits behind about one batch; the worker's --credits "
+    "turns the cap off (bulk throughput first).",
+)
+@click.option(
+    "--hang-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=config.HANG_S,
+    help="[broker] Seconds a worker holding batches may report no progress before it is "
+    "buried as hung and its batches requeued.",
+)
+@click.option(
+    "--forget-model-after",
+    type=click.FloatRange(min=0, min_open=True),
+    default=config.MODEL_FORGET_S,
+    help="[broker] Seconds after its last worker left that a model is forgotten (404 "
+    "instead of 503).",
+)
 # worker / ingress
 @click.option(
     "--broker",
@@ -287,6 +316,10 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
                 max_attempts=opts["max_attempts"],
                 aging_s=opts["aging"],
                 orphan_grace_s=opts["orphan_grace"],
+                live_window_s=opts["live_window"],
+                live_bulk_batches=opts["live_bulk_batches"],
+                hang_s=opts["hang_timeout"],
+                forget_model_s=opts["forget_model_after"],
             )
         elif role == "worker":
             device = f"cuda:{opts['gpu']}" if opts["gpu"] is not None else str(opts["device"])

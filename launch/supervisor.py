@@ -373,7 +373,17 @@ def role_commands(opts: dict[str, Any], frontend: str, backend: str) -> dict[str
         frontend,
         "--backend",
         backend,
-        *_flags(opts, "max_queued_tokens", "batch_timeout", "max_attempts", "aging"),
+        *_flags(
+            opts,
+            "max_queued_tokens",
+            "batch_timeout",
+            "max_attempts",
+            "aging",
+            "live_window",
+            "live_bulk_batches",
+            "hang_timeout",
+            "forget_model_after",
+        ),
         "--orphan-grace",
         str(_orphan_grace(opts)),
     ]
