@@ -129,6 +129,10 @@ class MeshClient:
         if model is None:
             if self.seen.find(name) is not None:
                 raise Unavailable(f"no worker serves model {name!r} right now; retry later")
+            if any(b.alive and not b.catalog_known for b in self.brokers):
+                # A broker just (re)connected and its catalog is on its way: unknown yet is
+                # not "not served" (a freshly restarted ingress answered 404s here).
+                raise Unavailable("the model catalog is still arriving from a broker; retry")
             names = ", ".join(m.name for m in served) or "none right now"
             raise ModelNotFound(f"model {name!r} is not served (served: {names})")
         return model

@@ -129,6 +129,9 @@ class BrokerConnection:
         self._pending: dict[int, _Pending] = {}
         self._replies: dict[int, asyncio.Future[Message]] = {}
         self.models: list[ModelInfo] = []
+        # False until this broker's catalog has arrived (again, after a loss or restart): its
+        # empty ``models`` then means "not known yet", not "serves nothing".
+        self.catalog_known = False
         self.stats: BrokerStats | None = None
         self.instance: int | None = None  # the broker process we talk to (from Pong)
         self.alive = False
@@ -281,6 +284,7 @@ class BrokerConnection:
                 self.stats = msg.stats
             elif isinstance(msg, CatalogReply):
                 self.models = msg.models
+                self.catalog_known = True
                 if self._on_catalog is not None:
                     self._on_catalog(self)
             fut = self._replies.get(msg.cid)
@@ -314,6 +318,7 @@ class BrokerConnection:
         """The broker restarted within the liveness window: what it held is gone."""
         log.warning("broker %s restarted: failing its requests", self.endpoint)
         self.models = []
+        self.catalog_known = False
         self._fail_all(Unavailable(f"the broker at {self.endpoint} restarted; retry"))
         with contextlib.suppress(MeshError):
             self._send(CatalogRequest(cid=self.next_cid()))
@@ -327,6 +332,7 @@ class BrokerConnection:
         self.alive = False
         self._alive_event.clear()
         self.models = []
+        self.catalog_known = False
         self.instance = None
         self._fail_all(Unavailable(f"lost the broker at {self.endpoint}; retry"))
         # A fresh socket: the old one's queue would replay stale submits to a new broker.

@@ -23,6 +23,7 @@ def client() -> Iterator[MeshClient]:
     c = MeshClient("ipc:///nowhere")
     c.brokers[0].alive = True
     c.brokers[0].models = [MODEL]
+    c.brokers[0].catalog_known = True
     yield c
     c.tokenizers.close()
     c._ctx.destroy(linger=0)
@@ -65,3 +66,15 @@ async def test_embed_tokens_refuses_invalid_input_through_the_same_validation(
 ) -> None:
     with pytest.raises(InvalidInput, match=r"input\[0\] has 5 tokens"):
         await client.embed_tokens(np.arange(5), np.array([0, 5]), "tiny")
+
+
+def test_a_live_broker_whose_catalog_has_not_arrived_makes_a_model_unavailable_not_unknown(
+    client: MeshClient,
+) -> None:
+    link = client.brokers[0]
+    link.models, link.catalog_known = [], False  # a Pong came first: (re)connected just now
+    with pytest.raises(Unavailable, match="catalog is still arriving"):
+        client.resolve("anything")
+    link.catalog_known = True  # its catalog said: nothing is served
+    with pytest.raises(ModelNotFound):
+        client.resolve("anything")

@@ -30,6 +30,7 @@ MODEL = ModelInfo(
 class FakeBroker:
     endpoint: str = "ipc://fake"
     alive: bool = True
+    catalog_known: bool = True
     outstanding_tokens: int = 0
     stats: BrokerStats | None = field(
         default_factory=lambda: BrokerStats({"tiny": 5}, {"tiny": 2}, {"tiny": 1}, 3, 0)
