@@ -358,7 +358,13 @@ def _hops(
     "--json file's folder.",
 )
 def main(**o: Any) -> None:
-    """Benchmark an embedmesh REST bridge (see the module docstring for the run order)."""
+    """Benchmark an embedmesh REST bridge through HTTP, from separate load processes.
+
+    Order: the sentence-transformers baseline first, alone (unless --no-baseline); then, per
+    mesh configuration (--url, or each --spawn started and stopped in turn), the --mode runs
+    one after the other. Modes, flags and how each number is formed: docs/benchmarks.md,
+    section "mesh-bench modes".
+    """
     report = Report(
         args={k: (list(v) if isinstance(v, tuple) else v) for k, v in o.items() if k != "api_key"}
         | {"json_path": str(o["json_path"]), "plot_dir": str(o["plot_dir"])}

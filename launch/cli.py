@@ -139,7 +139,10 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     help="[worker] Sequences in one batch at most.",
 )
 @click.option(
-    "--threads", type=int, help="[worker] torch intra-op threads (default: one per core)."
+    "--threads",
+    type=int,
+    help="[worker, all] torch intra-op threads of each worker (default: one per core; with "
+    "--role all on CPU, the cores split evenly between the --workers).",
 )
 @click.option(
     "--warmup-buckets",
@@ -284,7 +287,11 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     "--insecure", is_flag=True, help="Allow binding a non-loopback address without CURVE keys."
 )
 @click.option(
-    "--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])
+    "--log-level",
+    default="INFO",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
+    help="[every role] Log lines at this level and above go to stderr (--role all passes it "
+    "to its children and prefixes each line with the child's name).",
 )
 @click.pass_context
 def main(ctx: click.Context, role: str, **opts: object) -> None:
