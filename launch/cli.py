@@ -84,6 +84,14 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     "turns the cap off (bulk throughput first).",
 )
 @click.option(
+    "--live-bulk-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=config.LIVE_BULK_MS,
+    help="[broker] While live traffic is about, the batch-lane work a worker may hold, in "
+    "milliseconds of its compute (learned from its large batches): on a CPU, where one full "
+    "batch takes over a second, this is what keeps a query's wait short.",
+)
+@click.option(
     "--hang-timeout",
     type=click.FloatRange(min=0, min_open=True),
     default=config.HANG_S,
@@ -325,6 +333,7 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
                 orphan_grace_s=opts["orphan_grace"],
                 live_window_s=opts["live_window"],
                 live_bulk_batches=opts["live_bulk_batches"],
+                live_bulk_ms=opts["live_bulk_ms"],
                 hang_s=opts["hang_timeout"],
                 forget_model_s=opts["forget_model_after"],
             )

@@ -381,6 +381,7 @@ def role_commands(opts: dict[str, Any], frontend: str, backend: str) -> dict[str
             "aging",
             "live_window",
             "live_bulk_batches",
+            "live_bulk_ms",
             "hang_timeout",
             "forget_model_after",
         ),

@@ -28,6 +28,13 @@ AGING_S = 1.0  # a batch-lane head older than this goes before interactive work;
 # the cap off.
 LIVE_WINDOW_S = 1.0  # 0.2..10: about the gap between queries that still counts as live traffic
 LIVE_BULK_BATCHES = 1.0  # 0.5..2: bulk a worker may hold while live, in its batch budgets
+# ... and at most this much of its compute time, from the rate its large batches ran at: on a
+# GPU one 16k batch is 2-30 ms, so the batch cap above binds; on a CPU one 8k batch is over a
+# second, so this one does (bulk goes in small batches while queries come). 20..1000.
+LIVE_BULK_MS = 100.0
+# Batches of at least this many tokens (or an eighth of the worker's budget, if smaller) teach
+# the broker a worker's rate: small ones are all fixed cost and would make it look slow.
+RATE_MIN_BATCH_TOKENS = 1024
 # A model whose last worker left is forgotten by the broker after this long: requests for it then
 # get MODEL_NOT_FOUND instead of UNAVAILABLE. As the ingress's FORGET_UNSERVED_AFTER_S; 60..3600.
 MODEL_FORGET_S = 600.0

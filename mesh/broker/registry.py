@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mesh.config import RATE_MIN_BATCH_TOKENS
 from proto_msgs import ModelInfo, WorkerReady
 
 
@@ -21,6 +22,23 @@ class WorkerState:
     expiry_s: float  # silence after which it is dead: its own heartbeat x the broker's liveness
     progress: int = 0  # batches the worker says it finished
     progress_at: float = 0.0  # when progress last moved (or a result came back)
+    rate: float = 0.0  # tokens per second of compute on its large batches; 0 while unknown
+
+    def note_compute(self, tokens: int, compute_ms: float) -> None:
+        """Learn the worker's rate from a batch's result (large batches only: see config)."""
+        if compute_ms <= 0 or tokens < min(RATE_MIN_BATCH_TOKENS, self.max_batch_tokens // 8):
+            return
+        rate = tokens / (compute_ms / 1000)
+        # A moving average: one slow batch (a graph capture, a noisy neighbour) moves it a little.
+        self.rate = rate if self.rate == 0.0 else 0.8 * self.rate + 0.2 * rate
+
+    def bulk_cap(self, batches: float, live_ms: float) -> int:
+        """Batch-lane tokens it may hold while live traffic is about: ``batches`` of its
+        budget, and no more than ``live_ms`` of its compute once its rate is known."""
+        cap = int(batches * self.max_batch_tokens)
+        if self.rate > 0.0:
+            cap = min(cap, max(1, int(self.rate * live_ms / 1000)))
+        return cap
 
 
 @dataclass

@@ -28,6 +28,7 @@ from mesh.config import (
     BATCH_TIMEOUT_S,
     HANG_S,
     LIVE_BULK_BATCHES,
+    LIVE_BULK_MS,
     LIVE_WINDOW_S,
     MAX_ATTEMPTS,
     MAX_QUEUED_TOKENS,
@@ -72,6 +73,7 @@ class BrokerOptions:
     # of batch-lane work (LIVE_BULK_BATCHES), live meaning a query waits or came within
     # live_window_s.
     live_bulk_batches: float = LIVE_BULK_BATCHES
+    live_bulk_ms: float = LIVE_BULK_MS  # ... and at most this much of its measured compute
     live_window_s: float = LIVE_WINDOW_S
     # Queued work of a model whose last worker left fails with UNAVAILABLE after this long.
     orphan_grace_s: float | None = None  # None: one liveness expiry
@@ -80,8 +82,8 @@ class BrokerOptions:
 
     def __post_init__(self) -> None:
         # Zero would stop bulk work for as long as queries keep coming: starvation, not a cap.
-        if self.live_bulk_batches <= 0:
-            raise ValueError("live_bulk_batches must be positive (the credits turn the cap off)")
+        if self.live_bulk_batches <= 0 or self.live_bulk_ms <= 0:
+            raise ValueError("live_bulk_batches and live_bulk_ms must be positive")
         if self.hang_s <= 0 or self.live_window_s < 0 or self.forget_model_s <= 0:
             raise ValueError("hang_s and forget_model_s must be positive, live_window_s >= 0")
 
@@ -274,7 +276,7 @@ class Broker:
                     worker.max_batch_tokens,
                     worker.max_batch_requests,
                     now,
-                    bulk_cap=int(self.opts.live_bulk_batches * worker.max_batch_tokens),
+                    bulk_cap=worker.bulk_cap(self.opts.live_bulk_batches, self.opts.live_bulk_ms),
                     bulk_held=self.inflight.bulk_tokens(worker.identity),
                 )
                 if formed is None:
@@ -380,6 +382,7 @@ class Broker:
             return  # a duplicate, or a batch already taken back: harmless
         worker.free += 1
         worker.progress_at = now  # a result is progress, before the next heartbeat says so
+        worker.note_compute(batch.tokens, msg.compute_ms)
         try:
             chunks = result_chunks(
                 batch.plan, msg, batch.dispatched_at, batch.sent_at, self._arrived

@@ -48,6 +48,55 @@ def test_a_live_query_waits_behind_one_held_batch_not_two():
     assert chunks == [(1, 4), (100, 1), (1, 4)]
 
 
+def test_while_live_a_slow_worker_holds_only_live_bulk_ms_of_bulk():
+    # A CPU-like worker: 1024-token batches that take a second each, so one held batch would
+    # keep a query waiting a second; at 100 ms of its compute it may hold ~102 bulk tokens.
+    h = Harness(aging_s=60.0, live_bulk_ms=100.0)
+    h.add_worker(msg=ready(credits=2, max_batch_tokens=1024, max_batch_requests=512))
+    h.submit(submit(1, [16] * 512, lane=1))  # 8192 bulk tokens
+    first, second = (m for _, m in h.back.take(BatchAssign))
+    assert first.n * 16 == second.n * 16 == 1024  # no live traffic yet: full batches
+    slow = answer(first)
+    slow.compute_ms = 1000.0  # 1024 tokens a second
+    h.back.push(b"w1", slow)
+    h.pump()
+    [(_, third)] = h.back.take(BatchAssign)  # still not live: a full batch
+    assert third.n * 16 == 1024
+    h.submit(submit(100, [4], lane=0, token=7))  # a query: both credits are held
+    slow = answer(second)
+    slow.compute_ms = 1000.0
+    h.back.push(b"w1", slow)
+    h.pump()
+    [(_, live)] = h.back.take(BatchAssign)  # the query alone: a full batch is still held
+    assert live.n == 1 and set(live.token_ids.tolist()) == {7}
+    h.back.push(b"w1", answer(live))
+    slow = answer(third)
+    slow.compute_ms = 1000.0
+    h.back.push(b"w1", slow)
+    h.pump()
+    held = [m.n * 16 for _, m in h.back.take(BatchAssign)]
+    # ~100 ms of this worker's compute (102 tokens), over by one sequence at most so that a
+    # head longer than what is left still goes.
+    assert held and sum(held) <= 1024 * 100 // 1000 + 16
+
+
+def test_small_batches_do_not_teach_the_broker_a_workers_rate():
+    h = Harness()
+    h.add_worker(msg=ready(max_batch_tokens=8192, max_batch_requests=512))
+    h.submit(submit(1, [16]))
+    [(_, query)] = h.back.take(BatchAssign)
+    h.back.push(b"w1", answer(query))  # 16 tokens in 1 ms: fixed cost, not a rate
+    h.pump()
+    [worker] = h.broker.registry.workers.values()
+    assert worker.rate == 0.0 and worker.bulk_cap(1.0, 100.0) == 8192
+    h.submit(submit(2, [16] * 128))  # 2048 tokens in 1 ms
+    [(_, big)] = h.back.take(BatchAssign)
+    h.back.push(b"w1", answer(big))
+    h.pump()
+    assert worker.rate == 2048 / 0.001 and worker.bulk_cap(1.0, 100.0) == 8192
+    assert worker.bulk_cap(1.0, 1.0) == 2048  # 1 ms of a 2 M tok/s worker
+
+
 def test_each_result_chunk_carries_the_workers_timings_and_the_brokers_hops():
     h = Harness()
     h.add_worker()
