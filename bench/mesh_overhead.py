@@ -23,6 +23,7 @@ import asyncio
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,6 +127,7 @@ def main() -> None:
     if args.worker:
         run_worker(args.worker, args)
         return
+    base = None  # the ipc endpoints' directory, removed at the end
     if args.transport == "ipc":  # what mesh-launch --role all uses
         base = tempfile.mkdtemp(prefix="mesh-overhead-")
         front, back = f"ipc://{base}/front", f"ipc://{base}/back"
@@ -159,6 +161,8 @@ def main() -> None:
             p.terminate()
         for p in procs:
             p.wait(20)
+        if base is not None:
+            shutil.rmtree(base, ignore_errors=True)
     result.update(vars(args), cpus=os.cpu_count())
     result.pop("worker")
     print(json.dumps(result))
