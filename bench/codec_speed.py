@@ -80,12 +80,13 @@ def old_codec(rev: str) -> ModuleType:
     source = subprocess.run(
         ["git", "show", f"{rev}:proto_msgs/codec.py"], capture_output=True, check=True, text=True
     ).stdout
-    path = Path(tempfile.mkdtemp()) / "codec_old.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("codec_old", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory(prefix="codec-old-") as tmp:  # not needed once loaded
+        path = Path(tmp) / "codec_old.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location("codec_old", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     module.REGISTRY = codec.REGISTRY  # type: ignore[attr-defined]
     return module
 
