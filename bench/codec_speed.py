@@ -86,6 +86,9 @@ def old_codec(rev: str) -> ModuleType:
         spec = importlib.util.spec_from_file_location("codec_old", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
+        # In sys.modules before it runs: @dataclass looks its module up there (a KW_ONLY
+        # check), so a codec that declares one failed to load (the default, --against HEAD).
+        sys.modules[spec.name] = module
         spec.loader.exec_module(module)
     module.REGISTRY = codec.REGISTRY  # type: ignore[attr-defined]
     return module
