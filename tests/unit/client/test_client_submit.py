@@ -77,7 +77,9 @@ async def test_an_answered_request_returns_its_rows_and_sends_no_cancel(
 ) -> None:
     client, broker = mesh
     request = client.prepare_tokens(np.array([1, 2]), np.array([0, 2]), "tiny")
-    call = asyncio.create_task(client.submit(request, timeout_s=0.05))
+    # The answer must come before the client's deadline: 0.5 s leaves a loaded host room
+    # between the submit and the answer (0.05 s + 0.02 s did not always).
+    call = asyncio.create_task(client.submit(request, timeout_s=0.5))
     submitted = await received(broker)
     rows = np.ones((1, 4), np.float32)
     client.brokers[0]._dispatch(
@@ -87,5 +89,5 @@ async def test_an_answered_request_returns_its_rows_and_sends_no_cancel(
     )
     result = await call
     assert result.embeddings.tolist() == rows.tolist() and result.prompt_tokens == 2
-    await asyncio.sleep(0.1)  # past the client's deadline: its timer was cancelled
+    await asyncio.sleep(0.6)  # past the client's deadline: its timer was cancelled
     assert not await broker.poll(0) and nothing_pending(client)
