@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -92,8 +93,7 @@ def result_chunks(
     its result arrived) are ``time.perf_counter()`` stamps, as is each request's ``received_at``.
     """
     chunks = plan.split(msg.embeddings)
-    # The worker's own hops, forwarded when it names a sane few (a peer sets their number).
-    hops = msg.timings if len(msg.timings) <= MAX_WORKER_TIMINGS else {}
+    hops = _sane_hops(msg.timings)
     worker_ms = (received - sent_at) * 1000
 
     def build() -> Iterator[tuple[Slice, RequestResult]]:
@@ -117,3 +117,16 @@ def result_chunks(
             )
 
     return build()
+
+
+def _sane_hops(timings: dict[str, float]) -> dict[str, float]:
+    """The worker's own hops worth forwarding: a sane few (a peer sets their number), each
+    named like an identifier and a finite number. The ingress writes them into a response
+    header, where a peer's CR/LF, ',' or '=' in a name would cut the connection or the list."""
+    if len(timings) > MAX_WORKER_TIMINGS:
+        return {}
+    return {
+        name: ms
+        for name, ms in timings.items()
+        if name.isascii() and name.isidentifier() and math.isfinite(ms)
+    }

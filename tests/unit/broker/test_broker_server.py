@@ -127,6 +127,26 @@ def test_a_worker_that_names_too_many_timings_gets_none_forwarded():
     assert set(chunk.timings) == {"broker_queue", "broker_worker", "broker_out"}
 
 
+def test_a_worker_timing_with_a_name_or_value_unfit_for_a_header_is_not_forwarded():
+    # The ingress writes the names into the x-embedmesh-timings header: a CR/LF there made
+    # aiohttp drop the connection of every request that asked for timings.
+    h = Harness()
+    h.add_worker()
+    h.submit(submit(1, [3]))
+    [(_, batch)] = h.back.take(BatchAssign)
+    result = answer(batch)
+    result.timings = {
+        "worker_compute": 2.5,
+        "x\r\nSet-Cookie: a": 1.0,
+        "a,b=c": 1.0,
+        "worker_wait": float("nan"),
+    }
+    h.back.push(b"w1", result)
+    h.pump()
+    [(_, chunk)] = h.front.take(RequestResult)
+    assert set(chunk.timings) == {"worker_compute", "broker_queue", "broker_worker", "broker_out"}
+
+
 def test_a_batch_error_with_an_unknown_code_is_dropped_and_the_broker_serves_on():
     h = Harness()
     h.add_worker()
