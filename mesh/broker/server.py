@@ -60,6 +60,10 @@ from proto_msgs import (
 
 log = logging.getLogger("embedmesh.broker")
 
+# A batch error with one of these codes may be one request's fault, so a batch of several is
+# retried request by request; others (an expired batch) concern the batch, not its inputs.
+ISOLATED_CODES = frozenset({ErrorCode.INVALID_INPUT, ErrorCode.TOO_LARGE, ErrorCode.INTERNAL})
+
 
 @dataclass
 class BrokerOptions:
@@ -406,7 +410,10 @@ class Broker:
         worker.progress_at = now
         if msg.retryable:
             self._requeue([batch])
-        elif len({piece.request for piece in batch.slices if piece.request.live}) > 1:
+        elif (
+            msg.code in ISOLATED_CODES
+            and len({piece.request for piece in batch.slices if piece.request.live}) > 1
+        ):
             # Which request is at fault is unknown: each is retried alone, and only the one
             # that fails alone gets the error (the attempt cap still bounds the retries).
             self._requeue([batch], isolate=True)

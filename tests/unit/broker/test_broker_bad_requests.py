@@ -74,6 +74,27 @@ def test_a_batch_error_fails_only_the_request_that_fails_alone():
     assert len(h.broker.queue.requests) == 0
 
 
+def test_an_expired_batch_fails_its_requests_together_without_isolating_them():
+    h = Harness()
+    h.add_worker()
+    h.submit(submit(1, [2]))
+    for cid in (2, 3):
+        h.submit(submit(cid, [2]))
+    [(_, first)] = h.back.take(BatchAssign)
+    h.back.push(b"w1", answer(first))
+    h.pump()
+    [(_, mixed)] = h.back.take(BatchAssign)
+    assert mixed.n == 2
+    # The batch's own deadline passed on the worker: no input is at fault, so no one-by-one
+    # retries of innocent requests exactly when the worker is slow.
+    h.back.push(b"w1", BatchError(mixed.batch_id, ErrorCode.DEADLINE_EXCEEDED, "expired", False))
+    h.pump()
+    assert h.back.take(BatchAssign) == []
+    errors = [m for _, m in h.front.take(RequestError)]
+    assert sorted(m.cid for m in errors) == [2, 3]
+    assert {m.code for m in errors} == {ErrorCode.DEADLINE_EXCEEDED}
+
+
 def test_isolation_keeps_the_attempt_cap():
     h = Harness(max_attempts=1)
     h.add_worker()
