@@ -53,15 +53,24 @@ class ValidRequest:
 def lane_for(tokens: int, chosen: int | None) -> Lane:
     """The caller's lane when it chose one, else by size."""
     if chosen is not None:
-        return Lane(chosen)
+        return _chosen_lane(chosen)
     return Lane.BATCH if tokens > INTERACTIVE_MAX_TOKENS else Lane.INTERACTIVE
 
 
 def guess_lane(texts: list[str], chosen: int | None) -> Lane:
     """The lane a text request will likely get, before it is tokenized."""
     if chosen is not None:
-        return Lane(chosen)
+        return _chosen_lane(chosen)
     return lane_for(sum(map(len, texts)) // CHARS_PER_TOKEN_GUESS, None)
+
+
+def _chosen_lane(chosen: int) -> Lane:
+    # A MeshError, as every failure of the client's calls is, not numpy's or enum's ValueError.
+    try:
+        return Lane(chosen)
+    except ValueError:
+        names = ", ".join(f"{lane.value} ({lane.name.lower()})" for lane in Lane)
+        raise InvalidInput(f"lane must be one of {names}; got {chosen!r}", param="lane") from None
 
 
 def output_options(model: ModelInfo, dims: int | None, normalize: bool, kind: str) -> OutputOptions:

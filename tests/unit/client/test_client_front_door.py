@@ -78,3 +78,9 @@ def test_a_live_broker_whose_catalog_has_not_arrived_makes_a_model_unavailable_n
     link.catalog_known = True  # its catalog said: nothing is served
     with pytest.raises(ModelNotFound):
         client.resolve("anything")
+
+
+def test_an_unknown_lane_is_invalid_input_naming_the_lanes(client: MeshClient) -> None:
+    with pytest.raises(InvalidInput, match="lane must be one of 0 .interactive., 1 .batch.") as e:
+        client.prepare_tokens(np.array([1, 2]), np.array([0, 2]), "tiny", lane=7)
+    assert e.value.param == "lane"
