@@ -158,6 +158,7 @@ def answer_unparsable_requests_in_json() -> None:
         return response
 
     handle_error.embedmesh_json = True  # type: ignore[attr-defined]
+    handle_error.__wrapped__ = original  # type: ignore[attr-defined]  # tests check its signature
     RequestHandler.handle_error = handle_error  # type: ignore[method-assign]
 
 

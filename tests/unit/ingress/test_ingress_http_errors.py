@@ -82,3 +82,20 @@ def test_local_validation_errors_keep_their_status_and_param() -> None:
     err = ApiError.invalid("bad", "dimensions")
     assert (err.status, err.param) == (422, "dimensions")
     assert ApiError.too_large("big").status == 413
+
+
+def test_aiohttps_handle_error_still_has_the_signature_the_json_wrapper_expects() -> None:
+    import inspect
+
+    from aiohttp.web_protocol import RequestHandler
+
+    from mesh.ingress.http_errors import answer_unparsable_requests_in_json
+
+    answer_unparsable_requests_in_json()
+    assert getattr(RequestHandler.handle_error, "embedmesh_json", False)
+    # The wrapper passes these through positionally: a new aiohttp that renames or reorders
+    # them must fail here, not turn every unparsable request into a 500.
+    original = RequestHandler.handle_error.__wrapped__  # type: ignore[attr-defined]
+    assert list(inspect.signature(original).parameters) == [
+        "self", "request", "status", "exc", "message",
+    ]  # fmt: skip
