@@ -15,6 +15,7 @@ from proto_msgs import (
     BatchResult,
     Disconnect,
     ErrorCode,
+    Heartbeat,
     ModelInfo,
     OutputOptions,
     RequestError,
@@ -107,7 +108,13 @@ async def test_crafted_worker_messages_leave_the_broker_serving(mesh: Mesh) -> N
             fake.send_multipart(encode(ready))
             submit = raw_submit(1, 3, None)
             submit.model, submit.token_ids[:] = "fake-model", 1
-            await asyncio.sleep(0.3)
+            # Registered (in the catalog) and heard just now, so its 250 ms heartbeat expiry
+            # cannot lapse before the batch is sent, however loaded the test host is.
+            for _ in range(200):
+                if any(m.name == "fake-model" for m in client.models()):
+                    break
+                await asyncio.sleep(0.05)
+            fake.send_multipart(encode(Heartbeat(progress=0, busy=False)))
             front.send_multipart(encode(submit))
             batch = None
             while not isinstance(batch, BatchAssign):  # heartbeats come first
