@@ -124,7 +124,10 @@ async def test_worker_reregisters_with_a_restarted_broker(mesh: Mesh) -> None:
 
 
 async def test_hung_worker_is_caught_by_the_batch_deadline(mesh: Mesh) -> None:
-    mesh.start_broker("--batch-timeout", "2")
+    # The orphan grace covers the healthy worker's start: if the hung one is buried before the
+    # healthy one has loaded its model (a loaded 2-core host), the work waits for it, as under
+    # --role all, instead of failing as a model left without workers.
+    mesh.start_broker("--batch-timeout", "2", "--orphan-grace", "60")
     mesh.start_worker("--test-hang-after", "0")
     async with MeshClient(mesh.frontend, liveness=TEST_LIVENESS) as client:
         await wait_for_workers(client, 1)
