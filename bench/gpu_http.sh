@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The mesh through HTTP on the H200, as users reach it (issue #8), with the engine alone measured
-# in the same call as the baseline. Run on the GPU machine after the prefix that
-# ../shared/gpu/prepare.sh prints (carry .whl and .carry; .carry/minilm as docs/gpu.md says):
+# in the same call as the baseline. Run on the GPU machine after the setup prefix of
+# docs/gpu.md's "Commands" (the wheels and FlashInfer in .whl and .carry, .carry/minilm):
 #
 #   bash bench/gpu_http.sh OUT [MODELS] [SECONDS]
 #

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from bench.host import cmdline, process_tree
-from launch.supervisor import die_with_parent
+from launch.children import die_with_parent
 
 START_TIMEOUT_S = 180.0
 URL = re.compile(r" at (http://\S+/v1) ")

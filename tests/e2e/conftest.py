@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -21,6 +20,7 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 
+from bench.spawn import free_port
 from mesh.client import MeshClient
 from mesh.ingress.app import create_app
 from mesh.ingress.config import IngressConfig
@@ -45,12 +45,6 @@ ODD_TEXTS = [
     "What's the difference between TCP and UDP?",
     "C'est la vie — naïve café façade.",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Ingress:

@@ -10,7 +10,6 @@ import http.client
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -24,12 +23,6 @@ import pytest
 
 START_S = 150  # the supervisor's own start-up timeout is 120 s
 MODEL = "all-MiniLM-L6-v2"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_command() -> list[str]:

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.spawn import free_port
 from tests.integration.launched import (
     START_S,
     Load,
     base_url,
     descendants,
-    free_port,
     start,
     wait_gone,
 )

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.spawn import free_port
 from tests.integration.launched import (
     START_S,
     Launched,
     Load,
     Outcome,
     base_url,
-    free_port,
     role_pids,
     served_workers,
     start,

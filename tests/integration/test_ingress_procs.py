@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.spawn import free_port
 from tests.integration.conftest import Mesh
 from tests.integration.launched import (
     MODEL,
@@ -30,7 +31,6 @@ from tests.integration.launched import (
     cmdline,
     descendants,
     environ,
-    free_port,
     request,
     start,
     wait_gone,

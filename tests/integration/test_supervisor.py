@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.spawn import free_port
 from tests.integration.launched import (
     START_S,
     Launched,
     alive,
     cmdline,
     descendants,
-    free_port,
     start,
 )
 
