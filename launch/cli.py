@@ -40,7 +40,8 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     "--max-queued-tokens",
     type=int,
     default=config.MAX_QUEUED_TOKENS,
-    help="[broker] Queued tokens per model before requests get OVERLOADED (429).",
+    help="[broker] Queued tokens per model before requests get OVERLOADED (429). Once a"
+    " worker's rate is known, a request that would end past its timeout is refused too.",
 )
 @click.option(
     "--batch-timeout",

@@ -76,6 +76,11 @@ class BrokerStats:
     workers: dict[str, int] = field(default_factory=dict)
     inflight_batches: int = 0
     dropped_frames: int = 0
+    # Per model, seconds of queued work a new [interactive, batch] request would wait behind at
+    # its workers' rate, and that rate (both absent while it is unknown): an ingress refuses,
+    # before tokenizing, a request that would end past its deadline (the broker would refuse it).
+    backlog_s: dict[str, list[float]] = field(default_factory=dict)
+    drain_rate: dict[str, float] = field(default_factory=dict)  # tokens/s of its workers
 
 
 def _check_ragged(token_ids: np.ndarray, offsets: np.ndarray, where: str) -> None:

@@ -8,6 +8,12 @@ sequences: the broker of a GPU host forms tens of thousands of sequences a secon
 Per model there are two lanes, INTERACTIVE and BATCH, each strictly first come first served.
 Time never comes from a clock here: every method that needs it takes ``now``, so tests are exact.
 
+Admission is measured in time as well as tokens: with the model's drain rate known (the sum of
+its workers' compute rates, which the caller passes in), a request is refused when the work
+queued ahead of it in its lane plus its own would not be done within its deadline. It would
+fail with 504 after waiting anyway; a 429 now, with a Retry-After of the excess, lets the client
+back off or go elsewhere. The token cap stays as the memory bound.
+
 A request is live from ``submit`` until it ends: completed, cancelled, expired, refused (head
 longer than a whole batch), failed (a batch gave up) or drained (its model lost every worker).
 Ending forgets it at once with its queued tokens; its spans still in a lane are dropped when they
@@ -24,7 +30,7 @@ from typing import NamedTuple
 
 from mesh import errors
 from mesh.broker.requests import Request, RequestKey, RequestTable
-from mesh.config import AGING_S, LIVE_WINDOW_S
+from mesh.config import AGING_S, DEFAULT_REQUEST_TIMEOUT_S, LIVE_WINDOW_S
 from proto_msgs import Lane
 
 RATE_WINDOW_S = 1.0  # period over which the drain rate behind Retry-After is measured; 0.5..5
@@ -103,15 +109,20 @@ class Queue:
         max_queued_tokens: int,
         aging_s: float = AGING_S,
         live_window_s: float = LIVE_WINDOW_S,
+        max_wait_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     ) -> None:
         self.max_queued_tokens = max_queued_tokens  # per model; requeued work may exceed it
+        self.max_wait_s = max_wait_s  # the time budget of a request that carries no deadline
         self.aging_s = aging_s
         self.live_window_s = live_window_s
         self.requests = RequestTable()
         self._models: dict[str, _ModelQueue] = {}
 
-    def submit(self, request: Request, now: float) -> None:
-        """Admit a request at the tail of its lane, or raise Overloaded / RequestTooLarge."""
+    def submit(self, request: Request, now: float, drain_rate: float = 0.0) -> None:
+        """Admit a request at the tail of its lane, or raise Overloaded / RequestTooLarge.
+
+        ``drain_rate``: tokens per second the model's workers compute (0 = not known yet, then
+        only the token cap applies); see :meth:`backlog_s` for the time rule."""
         if request.key in self.requests:
             raise ValueError(f"duplicate request key {request.key!r}")
         total = request.total_tokens
@@ -123,6 +134,15 @@ class Queue:
         excess = sum(mq.tokens) + total - self.max_queued_tokens
         if excess > 0:
             raise Overloaded(request.model, mq.retry_after(excess))
+        ahead = _ahead(mq, request.lane)
+        if drain_rate > 0.0 and ahead > 0:
+            # Only with work ahead: a request alone in its lane always gets its chance (the
+            # rate is an estimate, and its own deadline still bounds it).
+            budget = request.deadline - now if request.deadline is not None else self.max_wait_s
+            late = (ahead + total) / drain_rate - budget
+            if late > 0:
+                retry = min(RETRY_AFTER_MAX_S, max(0.1, late))
+                raise Overloaded(request.model, retry)
         self.requests.add(request)
         if request.lane == Lane.INTERACTIVE:
             mq.live_at = now
@@ -348,6 +368,19 @@ class Queue:
             return 0
         return sum(mq.tokens) if lane is None else mq.tokens[lane]
 
+    def backlog_s(self, model: str, drain_rate: float) -> tuple[float, float]:
+        """Seconds of queued work ahead of a new (interactive, batch) request of ``model`` at
+        ``drain_rate`` tokens/s; (0, 0) while the rate is unknown. An interactive request waits
+        only behind the interactive lane; a batch one behind both. Ingresses get these on every
+        Pong and refuse, before tokenizing, what the broker would refuse."""
+        mq = self._models.get(model)
+        if mq is None or drain_rate <= 0.0:
+            return 0.0, 0.0
+        return (
+            _ahead(mq, Lane.INTERACTIVE) / drain_rate,
+            _ahead(mq, Lane.BATCH) / drain_rate,
+        )
+
     def queued_sequences(self, model: str, lane: Lane | None = None) -> int:
         mq = self._models.get(model)
         if mq is None:
@@ -361,3 +394,8 @@ class Queue:
     def models(self) -> list[str]:
         """Every model that ever had a request submitted."""
         return list(self._models)
+
+
+def _ahead(mq: _ModelQueue, lane: Lane) -> int:
+    """Queued tokens a new request of ``lane`` waits behind (dispatch takes interactive first)."""
+    return mq.tokens[Lane.INTERACTIVE] if lane == Lane.INTERACTIVE else sum(mq.tokens)

@@ -114,6 +114,11 @@ class Registry:
     def count(self, model: str) -> int:
         return sum(1 for w in self.workers.values() if w.model.name == model)
 
+    def drain_rate(self, model: str) -> float:
+        """Tokens per second the model's workers compute together, from the rates their large
+        batches ran at; 0 while no worker of it has run one (admission in time then waits)."""
+        return sum(w.rate for w in self.workers.values() if w.model.name == model)
+
     def catalog(self) -> list[ModelInfo]:
         """Models with at least one live worker, with their worker counts."""
         counts: dict[str, int] = {}

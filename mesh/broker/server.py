@@ -254,7 +254,7 @@ class Broker:
             received_at=self._arrived,
         )
         try:
-            self.queue.submit(request, now)
+            self.queue.submit(request, now, self.registry.drain_rate(model))
         except Overloaded as exc:
             retry_ms = int((exc.retry_after_s or 1.0) * 1000)
             return ErrorCode.OVERLOADED, exc.message, retry_ms
@@ -486,10 +486,13 @@ class Broker:
 
     def stats(self) -> BrokerStats:
         models = set(self.queue.models()) | {w.model.name for w in self.registry.workers.values()}
+        rates = {m: r for m in models if (r := self.registry.drain_rate(m)) > 0.0}
         return BrokerStats(
             queued_tokens={m: self.queue.queued_tokens(m) for m in models},
             queued_sequences={m: self.queue.queued_sequences(m) for m in models},
             workers={m: self.registry.count(m) for m in models},
             inflight_batches=len(self.inflight),
             dropped_frames=self.dropped,
+            backlog_s={m: list(self.queue.backlog_s(m, rates[m])) for m in rates},
+            drain_rate=rates,
         )

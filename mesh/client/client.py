@@ -25,6 +25,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
+from mesh.client.admission import check_backlog, text_floor
 from mesh.client.connection import BrokerConnection, EmbedResult
 from mesh.client.models import ModelBook
 from mesh.client.request import (
@@ -183,6 +184,7 @@ class MeshClient:
             raise InvalidInput("no input given", param="input")
         info = self.resolve(model)
         output = output_options(info, dims, normalize, kind)
+        self._check_backlog(info, *text_floor(texts, lane))
         tok = await self.tokenizer(info)
         ids, lengths = await self.tokenizers.encode(tok, texts, truncate, guess_lane(texts, lane))
         return valid_tokenized(info, ids, lengths, output, lane)
@@ -202,7 +204,9 @@ class MeshClient:
         """Resolve ``model`` and check the given ids (ids concatenated, offsets n+1) once."""
         info = self.resolve(model)
         output = output_options(info, dims, normalize, kind)
-        return valid_tokens(info, token_ids, offsets, output, lane, truncate)
+        valid = valid_tokens(info, token_ids, offsets, output, lane, truncate)
+        self._check_backlog(info, valid.lane, valid.tokens)
+        return valid
 
     async def tokenize(
         self, texts: Sequence[str], model: str, *, truncate: bool = False
@@ -282,6 +286,12 @@ class MeshClient:
             truncate=truncate,
         )  # fmt: skip
         return await self.submit(request, timeout_s)
+
+    def _check_backlog(self, model: ModelInfo, lane: Lane, tokens: int) -> None:
+        """429 before any work when at every broker the request would end after the default
+        timeout (see :mod:`mesh.client.admission`)."""
+        serving = [b.stats for b in self.brokers if b.alive and _find(b.models, model.name)]
+        check_backlog(serving, model.name, lane, tokens, self.default_timeout_s)
 
     def _pick(self, model: str) -> BrokerConnection:
         live = [b for b in self.brokers if b.alive and _find(b.models, model)]

@@ -1,0 +1,46 @@
+"""The client refuses, before tokenizing, what every broker's backlog already makes hopeless."""
+
+from __future__ import annotations
+
+import pytest
+
+from mesh.client.admission import check_backlog, text_floor
+from mesh.client.request import INTERACTIVE_MAX_TOKENS
+from mesh.errors import InvalidInput, Overloaded
+from proto_msgs import BrokerStats, Lane
+
+
+def test_the_floor_counts_words_and_is_batch_only_when_they_pass_the_interactive_limit():
+    assert text_floor(["a short query"], None) == (Lane.INTERACTIVE, 3)
+    # Many characters but one word (one token at least, maybe many): not surely batch.
+    assert text_floor(["x" * 100_000], None) == (Lane.INTERACTIVE, 1)
+    assert text_floor(["", "", ""], None) == (Lane.INTERACTIVE, 3)  # each input is a token
+    lane, words = text_floor(["w " * (INTERACTIVE_MAX_TOKENS + 1)], None)
+    assert lane == Lane.BATCH and words == INTERACTIVE_MAX_TOKENS + 1
+    assert text_floor(["w " * 600, "w " * 600], None) == (Lane.BATCH, 1200)
+    # A huge text is counted from a prefix only: still a lower bound.
+    lane, words = text_floor(["w " * 5_000_000], None)
+    assert lane == Lane.BATCH and INTERACTIVE_MAX_TOKENS < words < 5_000_000
+    assert text_floor(["a short query"], Lane.BATCH) == (Lane.BATCH, 3)
+    with pytest.raises(InvalidInput):
+        text_floor(["q"], 7)
+
+
+def _stats(interactive_s: float, batch_s: float, rate: float = 1000.0) -> BrokerStats:
+    return BrokerStats(backlog_s={"m": [interactive_s, batch_s]}, drain_rate={"m": rate})
+
+
+def test_a_request_is_refused_early_only_when_at_every_serving_broker_it_would_end_late():
+    slow = _stats(0.5, 100.0)
+    check_backlog([slow], "m", Lane.INTERACTIVE, 10, timeout_s=120.0)  # queries still pass
+    check_backlog([slow], "m", Lane.BATCH, 10_000, timeout_s=120.0)  # 100 + 10 s: fits
+    with pytest.raises(Overloaded) as raised:
+        check_backlog([slow], "m", Lane.BATCH, 30_000, timeout_s=120.0)  # 100 + 30 s
+    assert raised.value.retry_after_s == pytest.approx(10.0)
+    assert "120s timeout" in raised.value.message
+    # Another broker with room, one whose backlog is not known, or nothing ahead: let it decide.
+    check_backlog([slow, _stats(0.0, 1.0)], "m", Lane.BATCH, 30_000, 120.0)
+    check_backlog([slow, BrokerStats()], "m", Lane.BATCH, 30_000, 120.0)
+    check_backlog([slow, None], "m", Lane.BATCH, 30_000, 120.0)
+    check_backlog([_stats(0.0, 0.0)], "m", Lane.BATCH, 10**9, 120.0)
+    check_backlog([], "m", Lane.BATCH, 30_000, 120.0)
