@@ -213,7 +213,16 @@ class MeshClient:
     ) -> tuple[np.ndarray, np.ndarray]:
         """int32 ids (concatenated) and offsets (n+1) of ``texts``, for callers that keep
         tokens to send later with ``embed_tokens``."""
-        valid = await self.prepare_texts(texts, model, truncate=truncate)
+        texts = list(texts)
+        if not texts:
+            raise InvalidInput("no input given", param="input")
+        info = self.resolve(model)
+        tok = await self.tokenizer(info)
+        # No admission check: tokenizing queues nothing on the mesh.
+        ids, lengths = await self.tokenizers.encode(tok, texts, truncate, guess_lane(texts, None))
+        valid = valid_tokenized(
+            info, ids, lengths, output_options(info, None, True, "float32"), None
+        )
         return valid.token_ids, valid.offsets
 
     async def submit(self, request: ValidRequest, timeout_s: float | None = None) -> EmbedResult:
