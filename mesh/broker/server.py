@@ -330,7 +330,9 @@ class Broker:
             self._on_batch_error(worker, msg, now)
         elif isinstance(msg, Disconnect):
             # Leaving is normal (a stop, a rolling restart): not worth a warning.
-            self._bury(identity, f"left: {msg.reason}", now, tell=False, level=logging.INFO)
+            self._bury(
+                identity, f"left: {msg.reason}", now, tell=False, level=logging.INFO, left=True
+            )
         else:
             self._malformed(self.back, identity, ProtocolError(f"{type(msg).__name__} on back"))
 
@@ -423,8 +425,14 @@ class Broker:
                     self._answer_error(piece.request, ErrorCode(msg.code), msg.message)
         self._dispatch(worker.model.name, now)
 
-    def _requeue(self, batches: list[InFlightBatch], isolate: bool = False) -> None:
+    def _requeue(
+        self, batches: list[InFlightBatch], isolate: bool = False, refund: bool = False
+    ) -> None:
         slices = [piece for batch in batches for piece in batch.slices]
+        if refund:
+            # A worker that left on purpose (a stop, a rolling restart) did not fail these: its
+            # dispatch is not an attempt, or a request would fail after max_attempts restarts.
+            slices = [piece._replace(attempt=max(0, piece.attempt - 1)) for piece in slices]
         requeue, give_up = self.inflight.split_retry(slices)
         for piece in give_up:
             if self.queue.fail_request(piece.request):
@@ -439,9 +447,16 @@ class Broker:
             self.queue.requeue_front(requeue)
 
     def _bury(
-        self, identity: bytes, why: str, now: float, tell: bool = True, level: int = logging.WARNING
+        self,
+        identity: bytes,
+        why: str,
+        now: float,
+        tell: bool = True,
+        level: int = logging.WARNING,
+        left: bool = False,
     ) -> None:
-        """Remove a dead or hung worker and put its batches back at the head of the queue."""
+        """Remove a dead, hung or leaving (``left``: it said Disconnect) worker and put its
+        batches back at the head of the queue."""
         worker = self.registry.remove(identity)
         if worker is None:
             return
@@ -451,7 +466,7 @@ class Broker:
         )
         if tell:
             self._send_back(identity, Disconnect(reason=why))
-        self._requeue(batches)
+        self._requeue(batches, refund=left)
         model = worker.model.name
         if self.registry.count(model) == 0:
             self._orphaned_since.setdefault(model, now)
