@@ -223,6 +223,12 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     help="[ingress, all] Cut over-long inputs at the model's limit instead of a 422.",
 )
 @click.option(
+    "--tei-model",
+    help="[ingress, all] The model of TEI's routes (POST /, /embed, /tokenize, /decode, GET "
+    "/info) for requests without an X-Embedmesh-Model header, whose bodies name none "
+    "(default: the only model served; with several, such requests get 422).",
+)
+@click.option(
     "--max-body-bytes", type=int, default=16 << 20, help="[ingress] Largest request body."
 )
 @click.option(

@@ -56,6 +56,7 @@ def ingress_config(opts: dict, liveness: Liveness) -> IngressConfig:
         http_port=int(opts["http_port"]),
         api_key=api_key(opts),
         auto_truncate=bool(opts.get("auto_truncate")),
+        tei_model=opts.get("tei_model") or None,
         max_body_bytes=int(opts["max_body_bytes"]),
         max_inputs=int(opts["max_inputs"]),
         tokenizer_threads=int(opts["tokenizer_threads"]),

@@ -449,6 +449,7 @@ def ingress_commands(opts: dict[str, Any], brokers: list[str]) -> dict[str, list
             "http_host",
             "http_port",
             "auto_truncate",
+            "tei_model",
             "max_body_bytes",
             "max_inputs",
             "tokenizer_threads",

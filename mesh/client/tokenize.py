@@ -66,6 +66,13 @@ class ModelTokenizer:
         longest = max(map(len, self._tok.get_vocab(with_added_tokens=True)), default=1)
         self.cut_chars = (model.max_input_tokens + 1) * min(longest, MAX_CHARS_PER_TOKEN)
 
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer itself (no padding, truncation at the limit), for callers that need
+        more than ids (TEI's /tokenize offsets, /decode). Threads share it: copy it (e.g.
+        ``Tokenizer.from_str(tok.to_str())``) before changing its settings."""
+        return self._tok
+
     def encode(
         self, texts: list[str], truncate: bool, first: int = 0
     ) -> tuple[np.ndarray, np.ndarray]:

@@ -19,9 +19,14 @@ ingress's hops (``ingress_parse``: body read and parsed; ``ingress_tokenize``: v
 tokenized; ``ingress_render``; ``ingress_total``: handler start to response built), the client's
 ``client_mesh`` and whatever the broker and worker reported for the request.
 
-Routes: ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /v1/models/{model}``, ``GET /health``,
-``GET /metrics``. With an API key set, ``/v1/*`` needs ``Authorization: Bearer KEY``;
-``/health`` and ``/metrics`` stay open. Errors: ``mesh.ingress.http_errors``.
+Every embedding response also carries TEI's timing headers (``x-compute-time``,
+``x-tokenization-time``, ``x-queue-time``, ``x-inference-time``, ...; ``mesh.ingress.tei``).
+
+Routes: ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /v1/models/{model}``, ``GET /health``
+(and ``GET /``, as TEI), ``GET /metrics``, and TEI's (``mesh.ingress.tei``): ``POST /``,
+``POST /embed``, ``POST /tokenize``, ``POST /decode``, ``GET /info``. With an API key set,
+``/v1/*`` and TEI's routes need ``Authorization: Bearer KEY`` (``/info`` too, as TEI);
+``/health``, ``GET /`` and ``/metrics`` stay open. Errors: ``mesh.ingress.http_errors``.
 """
 
 from __future__ import annotations
@@ -32,27 +37,35 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 
-import numpy as np
-import orjson
 from aiohttp import web
 
 from mesh.client import MeshClient, ValidRequest
 from mesh.client.request import INTERACTIVE_MAX_TOKENS
-from mesh.errors import MeshError, ProtocolViolation
+from mesh.errors import MeshError
+from mesh.ingress import tei
 from mesh.ingress.catalog import Catalog
 from mesh.ingress.config import IngressConfig
 from mesh.ingress.encodings import ENCODINGS, render_embeddings_sliced
 from mesh.ingress.http_errors import (
     CLIENT_CLOSED,
+    TEI,
     ApiError,
     answer_unparsable_requests_in_json,
     error_response,
+    route_family,
 )
 from mesh.ingress.metrics import CONTENT_TYPE, IngressMetrics
 from mesh.ingress.schema import PRIORITY_HEADER, EmbeddingsRequest, parse_embeddings_request
-from proto_msgs import OUTPUT_KINDS, Lane, ModelInfo
+from mesh.ingress.state import (
+    STATE,
+    IngressState,
+    UnreadableBody,
+    account,
+    json_response,
+    read_body,
+)
+from proto_msgs import ModelInfo
 
 log = logging.getLogger("embedmesh.ingress")
 
@@ -63,18 +76,6 @@ __all__ = ["INTERACTIVE_MAX_TOKENS", "STATE", "TIMINGS_HEADER", "create_app"]
 TIMINGS_HEADER = "X-Embedmesh-Timings"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass
-class IngressState:
-    cfg: IngressConfig
-    client: MeshClient
-    catalog: Catalog
-    metrics: IngressMetrics
-    owns_client: bool
-
-
-STATE = web.AppKey("embedmesh_ingress", IngressState)
 
 
 def create_app(cfg: IngressConfig, client: MeshClient | None = None) -> web.Application:
@@ -98,7 +99,9 @@ def create_app(cfg: IngressConfig, client: MeshClient | None = None) -> web.Appl
     app.router.add_get("/v1/models", _list_models)
     app.router.add_get("/v1/models/{model:.+}", _get_model)
     app.router.add_get("/health", _health)
+    app.router.add_get("/", _health)  # TEI's health route too (POST / is TEI's embed)
     app.router.add_get("/metrics", _metrics)
+    tei.add_routes(app)
     app.cleanup_ctx.append(_client_lifetime)
     return app
 
@@ -153,7 +156,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     request.app[STATE].metrics.errors.labels(err.code or "unknown").inc()
     if err.status == 502:  # the mesh failed on a request (503/504 are load and outages)
         log.warning("%s %s: %s", request.method, request.path, err)
-    response = error_response(err)
+    response = error_response(err, route_family(request))
     if isinstance(err, UnreadableBody):
         # The rest of the body cannot be read (aiohttp would try to drain it after us, fail
         # and log a traceback): send the answer, then close the connection.
@@ -163,14 +166,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     return response
 
 
-class UnreadableBody(ApiError):
-    """A body that broke off mid-read: answered, then its connection is closed."""
-
-
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     key = request.app[STATE].cfg.api_key
-    if key and request.path.startswith("/v1/"):
+    if key and (request.path.startswith("/v1/") or route_family(request) == TEI):
         given = request.headers.get("Authorization", "")
         scheme, _, token = given.partition(" ")
         if not given:
@@ -189,44 +188,33 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 async def _embeddings(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    cfg, metrics = state.cfg, state.metrics
+    cfg = state.cfg
     start = time.perf_counter()
-    body = await _read_body(request, cfg.max_body_bytes)
+    body = await read_body(request, cfg.max_body_bytes)
     req = parse_embeddings_request(body, cfg.max_inputs, request.headers.get(PRIORITY_HEADER))
     parsed = time.perf_counter()
     valid = await _front_door(state, req)
     prepared = time.perf_counter()
-    if req.texts is not None:
-        metrics.tokenize.observe(prepared - parsed)
     result = await state.client.submit(valid, cfg.request_timeout_s)
     meshed = time.perf_counter()
+    texts = req.texts is not None
+    embeddings = account(state, valid, result, prepared - parsed if texts else None,
+                         meshed - prepared)  # fmt: skip
     name = valid.model.name
-    lane_name = "batch" if valid.lane == Lane.BATCH else "interactive"
-    metrics.mesh.labels(name, lane_name).observe(meshed - prepared)
-    metrics.queue.labels(name, lane_name).observe(result.queue_ms / 1000)
-    metrics.inference.labels(name, lane_name).observe(result.compute_ms / 1000)
-    embeddings = result.embeddings
-    kind = valid.output.kind
-    if embeddings.dtype != np.dtype(OUTPUT_KINDS[kind]) or len(embeddings) != valid.n:
-        raise ProtocolViolation(
-            f"the mesh answered {embeddings.dtype} {embeddings.shape} for {valid.n} "
-            f"inputs of kind {kind}"
-        )
-    metrics.prompt_tokens.labels(name).inc(result.prompt_tokens)
-    metrics.inputs.labels(name).inc(valid.n)
     out = await render_embeddings_sliced(
         embeddings, req.encoding_format, name, result.prompt_tokens
     )
-    headers = None
+    done = time.perf_counter()
+    chars = sum(map(len, req.texts)) if req.texts is not None else valid.tokens
+    headers = tei.timing_headers(done - start, prepared - parsed, result, chars)
     if request.headers.get(TIMINGS_HEADER, "").strip().lower() in ("1", "true"):
-        done = time.perf_counter()
         hops = {
             "ingress_parse": parsed - start,
             "ingress_tokenize": prepared - parsed,
             "ingress_render": done - meshed,
             "ingress_total": done - start,
         }
-        headers = {TIMINGS_HEADER.lower(): timings_header(hops, result.timings)}
+        headers[TIMINGS_HEADER.lower()] = timings_header(hops, result.timings)
     return web.Response(body=out, content_type="application/json", headers=headers)
 
 
@@ -251,25 +239,6 @@ def timings_header(ingress_s: dict[str, float], mesh_ms: dict[str, float]) -> st
     return ",".join(parts)
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    too_large = ApiError.too_large(f"the request body is over the limit of {limit} bytes")
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise too_large from None
-    except web.RequestPayloadError as exc:
-        # A Content-Encoding the body does not match (not gzip after all), a broken chunked
-        # encoding: the client's mistake, so 400 in our shape, not a 500 with a traceback.
-        cause = exc.__cause__ or exc
-        reason = str(getattr(cause, "message", cause)).strip()
-        encoding = request.headers.get("Content-Encoding")
-        how = f" as Content-Encoding {encoding}" if encoding else ""
-        message = f"the body could not be decoded{how}: {reason}"
-        raise UnreadableBody(400, message, code="malformed_request") from None
-
-
 # ---- models, health, metrics ------------------------------------------------------------------
 
 
@@ -289,24 +258,20 @@ def _model_card(state: IngressState, info: ModelInfo) -> dict[str, object]:
 async def _list_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     cards = [_model_card(state, m) for m in state.catalog.refresh()]
-    return _json({"object": "list", "data": cards})
+    return json_response({"object": "list", "data": cards})
 
 
 async def _get_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    return _json(_model_card(state, state.client.resolve(request.match_info["model"])))
+    return json_response(_model_card(state, state.client.resolve(request.match_info["model"])))
 
 
 async def _health(request: web.Request) -> web.Response:
     health = request.app[STATE].catalog.health()
     # Several ingress processes may share the port: say which one answered (its own links).
-    return _json({**health.body, "pid": os.getpid()}, status=200 if health.ok else 503)
+    return json_response({**health.body, "pid": os.getpid()}, status=200 if health.ok else 503)
 
 
 async def _metrics(request: web.Request) -> web.Response:
     body = request.app[STATE].metrics.render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
-
-
-def _json(doc: object, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(doc), status=status, content_type="application/json")

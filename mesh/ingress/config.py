@@ -23,6 +23,9 @@ class IngressConfig:
     http_port: int = 8000
     api_key: str | None = None  # Bearer token required on /v1/* when set
     auto_truncate: bool = False  # cut over-long inputs at the model's limit instead of 422
+    # The model of TEI's routes when a request has no X-Embedmesh-Model header (their bodies
+    # name none); None: the only model served.
+    tei_model: str | None = None
     max_body_bytes: int = MAX_BODY_BYTES
     max_inputs: int = MAX_INPUTS
     tokenizer_threads: int = 4

@@ -19,6 +19,8 @@ float32 in its shortest round-tripping form), the base64 formats encode each row
   Hamming distance. Decode: ``np.unpackbits(b, bitorder="little")[:d]``. Workers pack MSB
   first (``np.packbits``' default); the ingress reverses the bits of each byte with a table.
 
+TEI's routes answer a bare list of float lists (``render_vectors_sliced``).
+
 Big responses are rendered in slices of about ``SLICE_VALUES`` numbers, the event loop free
 between them (``render_embeddings_sliced``): orjson holds the GIL for a whole call, so a thread
 would not free the loop, while a 2048 × 1024 float response is ~40 ms of orjson in one call.
@@ -67,6 +69,25 @@ async def render_embeddings_sliced(
     for part in _body_parts(embeddings, encoding_format, model, prompt_tokens):
         parts.append(part)
         await asyncio.sleep(0)
+    return b"".join(parts)
+
+
+async def render_vectors_sliced(embeddings: np.ndarray) -> bytes:
+    """TEI's embed body: a bare JSON list of float lists (rows in input order), in slices as
+    ``render_embeddings_sliced``."""
+    rows = _float_rows(embeddings)
+    if rows.size <= SLICE_VALUES:
+        return orjson.dumps(rows, option=orjson.OPT_SERIALIZE_NUMPY)
+    step = max(1, SLICE_VALUES // max(1, rows.shape[1]))
+    parts = [b"["]
+    for start in range(0, len(rows), step):
+        comma = b"," if start else b""
+        parts.append(
+            comma
+            + orjson.dumps(rows[start : start + step], option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+        )
+        await asyncio.sleep(0)
+    parts.append(b"]")
     return b"".join(parts)
 
 

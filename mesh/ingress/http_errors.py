@@ -16,7 +16,14 @@ Server-side: **429** overloaded (with an integer ``Retry-After`` ≥ 1 s), **503
 the model or no broker, **504** the request's deadline passed, **502** the mesh failed on this
 request (workers kept dying on it, or a malformed reply), **500** a bug.
 
-The body is always ``{"error": {"message", "type", "param", "code"}}``.
+The body is ``{"error": {"message", "type", "param", "code"}}`` on the OpenAI routes. On TEI's
+routes (``POST /``, ``/embed``, ``/tokenize``, ``/decode``, ``GET /info``: route names starting
+with ``tei.``) it is TEI's ``{"error": "...", "error_type": "..."}``, with TEI's statuses where
+TEI has its own (``TEI_BY_CODE``): 422 ``Validation`` for a bad value (an unknown model in the
+``X-Embedmesh-Model`` header too), 400 ``Empty`` for empty inputs, 413 ``Validation`` over a
+limit, 424 ``Backend`` when the mesh failed on the request, 429 ``Overloaded``, 503
+``Unhealthy``. The family follows the route the request matched, so every error of a TEI route
+(auth, body, parse, mesh) has TEI's shape; the errors themselves are raised the same way.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ from aiohttp.web_protocol import RequestHandler
 
 from mesh.errors import MeshError
 from proto_msgs import ErrorCode
+
+OPENAI = "openai"
+TEI = "tei"
 
 log = logging.getLogger("embedmesh.ingress")
 
@@ -50,6 +60,23 @@ STATUS_BY_CODE: dict[ErrorCode, tuple[int, str, str]] = {
     ErrorCode.INTERNAL: (500, "server_error", "internal_error"),
     ErrorCode.PROTOCOL: (502, "server_error", "protocol_error"),
 }
+# The same codes on TEI's routes: (HTTP status, TEI's error_type). TEI names five types and
+# answers 424 for a backend failure; it has no deadline or model lookup, so those keep the
+# HTTP meaning (504) or count as a bad value (the model came from a header or --tei-model).
+TEI_BY_CODE: dict[ErrorCode, tuple[int, str]] = {
+    ErrorCode.INVALID_INPUT: (422, "Validation"),
+    ErrorCode.MODEL_NOT_FOUND: (422, "Validation"),
+    ErrorCode.TOO_LARGE: (413, "Validation"),
+    ErrorCode.OVERLOADED: (429, "Overloaded"),
+    ErrorCode.UNAVAILABLE: (503, "Unhealthy"),
+    ErrorCode.DEADLINE_EXCEEDED: (504, "Backend"),
+    ErrorCode.CANCELLED: (CLIENT_CLOSED, "Backend"),
+    ErrorCode.WORKER_FAILED: (424, "Backend"),
+    ErrorCode.INTERNAL: (500, "Backend"),
+    ErrorCode.PROTOCOL: (424, "Backend"),
+}
+EMPTY_INPUT = "empty_input"  # the code of TEI's "Empty" errors (400), raised on its routes only
+_CODE_BY_NAME = {name: code for code, (_, _, name) in STATUS_BY_CODE.items()}
 
 
 @dataclass
@@ -73,6 +100,11 @@ class ApiError(Exception):
     @classmethod
     def invalid(cls, message: str, param: str | None = None) -> ApiError:
         return cls(422, message, code="invalid_input", param=param)
+
+    @classmethod
+    def empty(cls, message: str, param: str | None = None) -> ApiError:
+        """TEI's "Empty" error (400): an empty input list, string or id list on a TEI route."""
+        return cls(400, message, code=EMPTY_INPUT, param=param)
 
     @classmethod
     def too_large(cls, message: str, param: str | None = None) -> ApiError:
@@ -109,16 +141,41 @@ def error_body(err: ApiError) -> dict[str, object]:
     }
 
 
-def error_response(err: ApiError) -> web.Response:
+def tei_status(err: ApiError) -> tuple[int, str]:
+    """(HTTP status, TEI error_type) of an error on a TEI route."""
+    code = _CODE_BY_NAME.get(err.code or "")
+    if code is not None:
+        return TEI_BY_CODE[code]
+    if err.code == EMPTY_INPUT:
+        return 400, "Empty"
+    # The rest are about the HTTP request itself (malformed body, key, route, method, 408).
+    return err.status, "Validation" if err.status < 500 else "Backend"
+
+
+def route_family(request: web.BaseRequest) -> str:
+    """TEI for routes registered with a ``tei.`` name, else OpenAI (unmatched routes too)."""
+    match_info = getattr(request, "match_info", None)
+    name = match_info.route.name if match_info is not None else None
+    return TEI if name is not None and name.startswith(f"{TEI}.") else OPENAI
+
+
+def error_response(err: ApiError, family: str = OPENAI) -> web.Response:
+    """The response for ``err`` in its route family's shape."""
+    status = err.status
+    if family == TEI:
+        status, error_type = tei_status(err)
+        body: dict[str, object] = {"error": err.message, "error_type": error_type}
+    else:
+        body = error_body(err)
     headers = {}
-    if err.status == 429:
+    if status == 429:
         headers["Retry-After"] = retry_after_header(err.retry_after_s)
-    if err.status == 401:
+    if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return web.Response(
-        body=orjson.dumps(error_body(err)),
-        status=err.status,
-        reason=_reason(err.status),
+        body=orjson.dumps(body),
+        status=status,
+        reason=_reason(status),
         content_type="application/json",
         headers=headers,
     )

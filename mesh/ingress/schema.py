@@ -86,6 +86,11 @@ def _encoding_format(value: object) -> str:
     return value
 
 
+def header_lane(header_value: str | None) -> Lane | None:
+    """The lane the ``X-Embedmesh-Priority`` header asks for (routes without a body field)."""
+    return _lane(None, header_value)
+
+
 def _lane(body_value: object, header_value: str | None) -> Lane | None:
     if body_value is not None:
         return _priority(body_value, "'priority'", "priority")
@@ -136,8 +141,7 @@ def _parse_input(value: object, request: EmbeddingsRequest, max_inputs: int) -> 
         request.token_ids, request.offsets = _token_lists(value, max_inputs, nested=True)
     else:
         raise ApiError.invalid(
-            f"input[0] must be a string, a token id or a list of token ids; got "
-            f"{_json_type(first)}",
+            f"input[0] must be a string, a token id or a list of token ids; got {json_type(first)}",
             "input",
         )
 
@@ -154,7 +158,7 @@ def _texts(items: list[object], max_inputs: int) -> list[str]:
     for i, item in enumerate(items):
         if not isinstance(item, str):
             raise ApiError.invalid(
-                f"input[{i}] is {_json_type(item)}; a list of strings must hold only strings",
+                f"input[{i}] is {json_type(item)}; a list of strings must hold only strings",
                 "input",
             )
         if not item:
@@ -171,7 +175,7 @@ def _token_lists(
         where = f"input[{i}]" if nested else "input"
         if not isinstance(seq, list):
             raise ApiError.invalid(
-                f"{where} is {_json_type(seq)}; a list of token lists must hold only lists",
+                f"{where} is {json_type(seq)}; a list of token lists must hold only lists",
                 "input",
             )
         if not seq:
@@ -193,7 +197,7 @@ def _token_lists(
     return ids, offsets
 
 
-def _json_type(value: object) -> str:
+def json_type(value: object) -> str:
     if value is None:
         return "null"
     return {

@@ -30,7 +30,7 @@ from aiohttp import web
 from mesh.client import MeshClient
 from mesh.ingress.app import STATE, create_app
 from mesh.ingress.config import IngressConfig
-from mesh.ingress.http_errors import ApiError, error_response
+from mesh.ingress.http_errors import ApiError, error_response, route_family
 from mesh.ingress.metrics import multiprocess_dir
 
 log = logging.getLogger("embedmesh.ingress")
@@ -174,7 +174,7 @@ class Gate:
             f"the request body did not arrive within {self.body_timeout_s:g}s of its headers",
             code="request_timeout",
         )
-        response = error_response(err)
+        response = error_response(err, route_family(request))
         response.force_close()
         with contextlib.suppress(ConnectionError):
             await response.prepare(request)
@@ -196,7 +196,7 @@ class Gate:
             "server_error",
             "unavailable",
         )
-        response = error_response(err)
+        response = error_response(err, route_family(request))
         response.force_close()
         return response
 

@@ -1,0 +1,222 @@
+"""Bodies of TEI's routes (``POST /``, ``/embed``, ``/tokenize``, ``/decode``), parsed by hand as
+``schema`` parses the OpenAI one: what needs no catalog is checked here, the rest once in the
+client's front door.
+
+The shapes are TEI's (``router/src/http/types.rs``): ``inputs`` is a string, a list of token
+ids, or a list of either; unknown fields are ignored, as serde does. Errors are ``ApiError``s
+rendered in TEI's shape by ``http_errors``: an empty ``inputs`` (list, string or id list) is
+TEI's 400 ``Empty``, a wrong value 422 ``Validation``, more inputs than ``--max-inputs`` (TEI's
+``max_client_batch_size``) 413.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from mesh.ingress.http_errors import ApiError
+from mesh.ingress.schema import json_type
+
+# TEI's token ids are u32: larger or negative ids fail its parsing (422).
+MAX_TOKEN_ID = 2**32 - 1
+# serde accepts the variant's name and these aliases.
+DIRECTIONS = {"Right": "right", "right": "right", "Left": "left", "left": "left"}
+PROMPT_NAME_UNSUPPORTED = "prompt_name is not supported yet"
+
+
+@dataclass
+class TeiInputs:
+    """``inputs`` as texts or as token id lists (concatenated, with offsets), never both."""
+
+    texts: list[str] | None = None
+    token_ids: np.ndarray | None = None  # int64, all sequences concatenated
+    offsets: np.ndarray | None = None  # int64, n + 1 entries
+
+    @property
+    def n(self) -> int:
+        if self.texts is not None:
+            return len(self.texts)
+        assert self.offsets is not None
+        return len(self.offsets) - 1
+
+    @property
+    def chars(self) -> int:
+        """TEI's ``x-compute-characters``: characters of texts, or the number of ids."""
+        if self.texts is not None:
+            return sum(map(len, self.texts))
+        assert self.token_ids is not None
+        return len(self.token_ids)
+
+
+@dataclass
+class EmbedRequest:
+    inputs: TeiInputs
+    normalize: bool = True
+    truncate: bool | None = None  # None: the server's --auto-truncate, as TEI
+    direction: str = "right"  # "right" | "left"
+    dimensions: int | None = None
+
+
+@dataclass
+class TokenizeRequest:
+    texts: list[str]
+    add_special_tokens: bool = True
+
+
+@dataclass
+class DecodeRequest:
+    ids: list[list[int]]
+    skip_special_tokens: bool = True
+
+
+def parse_embed_request(body: bytes, max_inputs: int) -> EmbedRequest:
+    doc = _object(body)
+    _no_prompt_name(doc)
+    dimensions = doc.get("dimensions")
+    if dimensions is not None and (type(dimensions) is not int or dimensions < 1):
+        raise ApiError.invalid("'dimensions' must be a positive integer", "dimensions")
+    return EmbedRequest(
+        inputs=_inputs(doc, max_inputs),
+        normalize=_flag(doc, "normalize", True),
+        truncate=_optional_flag(doc, "truncate"),
+        direction=_direction(doc.get("truncation_direction")),
+        dimensions=dimensions,
+    )
+
+
+def parse_tokenize_request(body: bytes, max_inputs: int) -> TokenizeRequest:
+    doc = _object(body)
+    _no_prompt_name(doc)
+    value = _required(doc, "inputs")
+    if isinstance(value, str):
+        texts = [value]
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+        texts = _counted(value, max_inputs, "inputs")
+    else:
+        raise ApiError.invalid("'inputs' must be a string or a list of strings", "inputs")
+    _not_empty_texts(texts)
+    return TokenizeRequest(texts, _flag(doc, "add_special_tokens", True))
+
+
+def parse_decode_request(body: bytes, max_inputs: int) -> DecodeRequest:
+    doc = _object(body)
+    value = _required(doc, "ids")
+    if not isinstance(value, list):
+        raise ApiError.invalid("'ids' must be a list of token ids or a list of such lists", "ids")
+    # TEI's untagged InputIds: a list of ids first (an empty list too), else a list of lists.
+    nested = bool(value) and isinstance(value[0], list)
+    seqs = _counted(value, max_inputs, "ids") if nested else [value]
+    if nested and not all(isinstance(seq, list) for seq in seqs):
+        raise ApiError.invalid("'ids' must be a list of token ids or a list of such lists", "ids")
+    for i, seq in enumerate(seqs):
+        where = f"ids[{i}]" if nested else "'ids'"
+        if not seq:
+            raise ApiError.empty(f"{where} cannot be empty", "ids")
+        if not all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in seq):
+            raise ApiError.invalid(f"{where} must hold token ids from 0 to {MAX_TOKEN_ID}", "ids")
+    return DecodeRequest(seqs, _flag(doc, "skip_special_tokens", True))
+
+
+def _object(body: bytes) -> dict[str, object]:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError.malformed(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ApiError.malformed("the body must be a JSON object")
+    return doc
+
+
+def _required(doc: dict[str, object], name: str) -> object:
+    if name not in doc:
+        raise ApiError.invalid(f"'{name}' is required", name)
+    return doc[name]
+
+
+def _no_prompt_name(doc: dict[str, object]) -> None:
+    if doc.get("prompt_name") is not None:
+        raise ApiError.invalid(PROMPT_NAME_UNSUPPORTED, "prompt_name")
+
+
+def _flag(doc: dict[str, object], name: str, default: bool) -> bool:
+    value = doc.get(name, default)
+    if not isinstance(value, bool):
+        raise ApiError.invalid(f"'{name}' must be true or false; got {json_type(value)}", name)
+    return value
+
+
+def _optional_flag(doc: dict[str, object], name: str) -> bool | None:
+    return None if doc.get(name) is None else _flag(doc, name, False)
+
+
+def _direction(value: object) -> str:
+    if value is None:
+        return "right"
+    if not isinstance(value, str) or value not in DIRECTIONS:
+        raise ApiError.invalid(
+            f'\'truncation_direction\' must be "Right" or "Left"; got {value!r}',
+            "truncation_direction",
+        )
+    return DIRECTIONS[value]
+
+
+def _counted(items: list[object], max_inputs: int, name: str) -> list:
+    if not items:
+        raise ApiError.empty(f"'{name}' cannot be empty", name)
+    if len(items) > max_inputs:
+        raise ApiError.too_large(
+            f"batch size {len(items)} > maximum allowed batch size {max_inputs}", name
+        )
+    return items
+
+
+def _not_empty_texts(texts: list[str]) -> None:
+    for i, text in enumerate(texts):
+        if not text:
+            where = f"inputs[{i}]" if len(texts) > 1 else "'inputs'"
+            raise ApiError.empty(f"{where} cannot be empty", "inputs")
+
+
+def _inputs(doc: dict[str, object], max_inputs: int) -> TeiInputs:
+    """TEI's ``Input``: one ``InputType`` (a string or a list of ids) or a list of them."""
+    value = _required(doc, "inputs")
+    if isinstance(value, str):
+        _not_empty_texts([value])
+        return TeiInputs(texts=[value])
+    if not isinstance(value, list):
+        raise ApiError.invalid(
+            "'inputs' must be a string, a list of token ids or a list of either", "inputs"
+        )
+    if value and all(type(v) is int for v in value):
+        return _token_inputs([value], nested=False)
+    items = _counted(value, max_inputs, "inputs")
+    if all(isinstance(v, str) for v in items):
+        _not_empty_texts(items)
+        return TeiInputs(texts=items)
+    if all(isinstance(v, list) for v in items):
+        return _token_inputs(items, nested=True)
+    kinds = sorted({json_type(v) for v in items})
+    raise ApiError.invalid(
+        "'inputs' must be all strings or all lists of token ids (mixing them in one request "
+        f"is not supported here); got {', '.join(kinds)}",
+        "inputs",
+    )
+
+
+def _token_inputs(seqs: list[list], *, nested: bool) -> TeiInputs:
+    lengths = np.zeros(len(seqs), dtype=np.int64)
+    for i, seq in enumerate(seqs):
+        where = f"inputs[{i}]" if nested else "'inputs'"
+        if not seq:
+            raise ApiError.empty(f"{where} cannot be empty", "inputs")
+        if not all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in seq):
+            raise ApiError.invalid(
+                f"{where} must hold token ids from 0 to {MAX_TOKEN_ID}", "inputs"
+            )
+        lengths[i] = len(seq)
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    ids = np.fromiter((t for seq in seqs for t in seq), dtype=np.int64, count=int(offsets[-1]))
+    return TeiInputs(token_ids=ids, offsets=offsets)
