@@ -2,9 +2,14 @@
 
 The card is read from a local directory in Hugging Face layout (``config.json``,
 ``tokenizer.json``, and the sentence-transformers files ``modules.json``,
-``sentence_bert_config.json``, ``1_Pooling/config.json`` when present). It travels in the
-worker's READY so that the ingress can tokenize without holding weights: hence the tokenizer
-travels as bytes, with a digest so that peers can compare tokenizers cheaply.
+``sentence_bert_config.json``, ``config_sentence_transformers.json``, the Pooling and Dense
+modules' ``config.json`` when present). It travels in the worker's READY so that the ingress
+can tokenize without holding weights: hence the tokenizer travels as bytes, with a digest so
+that peers can compare tokenizers cheaply, and the prompts travel as text.
+
+The sentence-transformers pipeline served (``st_config``): Transformer, then Pooling (any of
+its modes, several concatenated), then any number of Dense layers, then Normalize. Anything
+else is refused at load, with a message naming it: never a silently different vector.
 """
 
 from __future__ import annotations
@@ -15,28 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-Pooling = Literal["mean", "cls", "last"]
+from mesh.worker.engine.st_config import DenseLayer, Pooling, StPipeline, read_st_pipeline
+
+__all__ = ["DenseLayer", "ModelCard", "Pooling", "read_card"]
+
 Family = Literal["bert", "qwen3"]
 
 EMBEDDED_DEFAULT_NAME = "all-MiniLM-L6-v2"
 EMBEDDED_DEFAULT_ALIAS = "sentence-transformers/all-MiniLM-L6-v2"
 
 _FAMILY_BY_MODEL_TYPE: dict[str, Family] = {"bert": "bert", "qwen3": "qwen3"}
-
-# sentence-transformers pooling flags we serve, and those we refuse rather than silently
-# serving vectors that differ from the reference.
-_POOLING_FLAGS: dict[str, Pooling] = {
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_lasttoken": "last",
-}
-_UNSUPPORTED_POOLING_FLAGS = (
-    "pooling_mode_max_tokens",
-    "pooling_mode_mean_sqrt_len_tokens",
-    "pooling_mode_weightedmean_tokens",
-)
-# Modules after pooling that change the vector; only Normalize is implemented (in finalize).
-_SUPPORTED_ST_MODULES = ("Transformer", "Pooling", "Normalize")
 
 
 @dataclass
@@ -47,12 +40,15 @@ class ModelCard:
     aliases: list[str] = field(default_factory=list)
     dims: int = 0
     max_input_tokens: int = 0
-    pooling: Pooling = "mean"
+    pooling: str = "mean"  # one Pooling mode or several joined by "+", concatenated
     normalize: bool = True
     causal: bool = False
     family: Family = "bert"
     tokenizer_json: bytes = field(default=b"", repr=False)
     tokenizer_digest: str = ""
+    dense: list[DenseLayer] = field(default_factory=list)  # after pooling, in order
+    prompts: dict[str, str] = field(default_factory=dict)  # name -> text put before the input
+    default_prompt_name: str | None = None  # the prompt used when a request names none
 
 
 def default_model_path() -> Path:
@@ -82,38 +78,18 @@ def model_family(config: dict[str, Any]) -> Family:
     return family
 
 
-def _modules(model_dir: Path) -> list[str]:
-    """Short type names of the sentence-transformers modules, e.g. ["Transformer", ...]."""
-    modules = _read_json(model_dir / "modules.json") or []
-    names = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
-    for name in names:
-        if name not in _SUPPORTED_ST_MODULES:
-            raise ValueError(f"sentence-transformers module {name!r} is not supported")
-    return names
-
-
-def _pooling_config(model_dir: Path) -> dict[str, Any] | None:
-    entries = _read_json(model_dir / "modules.json") or []
-    for entry in entries:
-        if str(entry.get("type", "")).endswith("Pooling"):
-            return _read_json(model_dir / str(entry.get("path", "1_Pooling")) / "config.json")
-    return _read_json(model_dir / "1_Pooling" / "config.json")
-
-
-def _pooling(pool_cfg: dict[str, Any] | None, family: Family, causal: bool) -> Pooling:
-    if pool_cfg is not None:
-        for flag in _UNSUPPORTED_POOLING_FLAGS:
-            if pool_cfg.get(flag):
-                raise ValueError(f"pooling {flag} is not supported")
-        chosen = [mode for flag, mode in _POOLING_FLAGS.items() if pool_cfg.get(flag)]
-        if len(chosen) > 1:
-            raise ValueError(f"several pooling modes at once are not supported: {chosen}")
-        if chosen == ["mean"] and pool_cfg.get("include_prompt") is False:
-            # The reference would leave the instruction prefix out of the mean; the engine
-            # does not know where the prompt ends, so it would serve different vectors.
-            raise ValueError("mean pooling with include_prompt: false is not supported")
-        if chosen:
-            return chosen[0]
+def _pooling(st: StPipeline, family: Family, causal: bool) -> str:
+    if st.pooling:
+        affected = [m for m in st.pooling if m != "last"]
+        if not st.include_prompt and any(st.prompts.values()) and affected:
+            # The reference leaves the instruction prefix out of these modes (cls included: it
+            # moves past the prompt); the engine pools every token of a sequence, so it would
+            # serve other vectors. Without a (non-empty) prompt the flag changes nothing.
+            raise ValueError(
+                f"pooling {'+'.join(affected)} with include_prompt: false and prompts is not "
+                "supported"
+            )
+        return "+".join(st.pooling)
     # Without a pooling config: BERT-style encoders are mostly mean-pooled (MiniLM, E5, GTE);
     # a causal decoder can only summarise the sequence in its last token.
     if family == "qwen3" and causal:
@@ -169,9 +145,9 @@ def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCar
     model_dir = Path(model_dir).resolve()
     config = read_config(model_dir)
     family = model_family(config)
-    modules = _modules(model_dir)
-    pool_cfg = _pooling_config(model_dir)
-    causal = is_causal(config, family, pool_cfg)
+    st = read_st_pipeline(model_dir)
+    causal = is_causal(config, family, st.pooling_config)
+    pooling = _pooling(st, family, causal)
     tokenizer_path = model_dir / "tokenizer.json"
     if not tokenizer_path.is_file():
         raise FileNotFoundError(f"no tokenizer.json in {model_dir}")
@@ -192,17 +168,34 @@ def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCar
     return ModelCard(
         name=name,
         aliases=aliases,
-        dims=int(config["hidden_size"]),
+        dims=_dims(int(config["hidden_size"]), pooling, st.dense),
         max_input_tokens=_max_input_tokens(model_dir, config, family),
-        pooling=_pooling(pool_cfg, family, causal),
+        pooling=pooling,
         # Normalization is a sentence-transformers module; without it the reference returns
         # raw pooled vectors, and so do we unless the request asks otherwise.
-        normalize="Normalize" in modules,
+        normalize=st.normalize,
         causal=causal,
         family=family,
         tokenizer_json=tokenizer_json,
         tokenizer_digest=hashlib.sha256(tokenizer_json).hexdigest(),
+        dense=st.dense,
+        prompts=st.prompts,
+        default_prompt_name=st.default_prompt_name,
     )
+
+
+def _dims(hidden_size: int, pooling: str, dense: list[DenseLayer]) -> int:
+    """The width of what leaves the model: the pooled width (the hidden size per pooling
+    mode, concatenated) through each Dense layer, whose widths must chain."""
+    width = hidden_size * len(pooling.split("+"))
+    for layer in dense:
+        if layer.in_features != width:
+            raise ValueError(
+                f"Dense module {layer.path!r} takes {layer.in_features} features, but gets "
+                f"{width} (pooling {pooling} of a {hidden_size}-wide model)"
+            )
+        width = layer.out_features
+    return width
 
 
 def _is_embedded_default(model_dir: Path) -> bool:

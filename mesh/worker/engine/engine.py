@@ -35,6 +35,7 @@ from mesh.worker.engine import fused
 from mesh.worker.engine.attention import AttentionBackend, cpu_backend
 from mesh.worker.engine.card import ModelCard, read_card
 from mesh.worker.engine.cpu import keep_freed_memory
+from mesh.worker.engine.dense import load_dense
 from mesh.worker.engine.loader import load_model
 from mesh.worker.engine.outputs import finalize
 from mesh.worker.engine.pooling import pool, positions
@@ -78,6 +79,8 @@ class Engine:
     attention: AttentionBackend
     runner: GpuRunner | None = None
     kernels: str = "torch"
+    # sentence-transformers Dense layers after pooling (fp32); None when the model has none.
+    dense: torch.nn.Module | None = None
 
     @classmethod
     def load(
@@ -139,14 +142,19 @@ class Engine:
             model.use_kernels(kernels, exact_gelu=exact_gelu)
         else:
             model.use_kernels(kernels)
+        dense = load_dense(model_dir, card.dense, device)
         budget = max_batch_tokens or default_max_batch_tokens(device.type, graph_max_tokens)
         if device.type != "cuda" or attention is not None:
             backend = attention or cpu_backend()
-            return cls(card, model, device, model.dtype, budget, backend, kernels=kernels)
+            return cls(
+                card, model, device, model.dtype, budget, backend, kernels=kernels, dense=dense
+            )
         from mesh.worker.engine.gpu import GpuRunner
 
-        runner = GpuRunner(model, card, device, graph_max_tokens, graphs)
-        return cls(card, model, device, model.dtype, budget, runner.eager_attn, runner, kernels)
+        runner = GpuRunner(model, card, device, graph_max_tokens, graphs, dense=dense)
+        return cls(
+            card, model, device, model.dtype, budget, runner.eager_attn, runner, kernels, dense
+        )
 
     def warmup(self, buckets: list[int]) -> None:
         """CUDA: capture the graphs of these token buckets now (no-op on CPU)."""
@@ -162,11 +170,12 @@ class Engine:
         """Embed ``n`` sequences packed as ``ids[offsets[i]:offsets[i + 1]]``.
 
         ``ids``: int32 (or any integer) ``[total]``; ``offsets``: ``[n + 1]``, starting at 0,
-        ending at ``total``, non-decreasing. Returns pooled, unnormalized ``float32 [n, D]``
-        on the engine's device. Raises ValueError for malformed input, for ids outside the
-        vocabulary, for a sequence longer than ``card.max_input_tokens``, and for an empty
-        sequence: a text always has at least its special tokens, so an empty one is a bug
-        upstream that must not come back as a plausible zero vector. A batch over
+        ending at ``total``, non-decreasing. Returns pooled (then through the model's Dense
+        layers, if any), unnormalized ``float32 [n, D]`` on the engine's device. Raises
+        ValueError for malformed input, for ids outside the vocabulary, for a sequence longer
+        than ``card.max_input_tokens``, and for an empty sequence: a text always has at least
+        its special tokens, so an empty one is a bug upstream that must not come back as a
+        plausible zero vector. A batch over
         ``max_batch_tokens`` is accepted (the budget is what we advertise, not a hard cap).
         """
         lengths = self._validate(ids, offsets)
@@ -181,7 +190,8 @@ class Engine:
             cu = torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.int32)).to(self.device)
             self.attention.plan(cu, self.card.causal)
             hidden = self.model(ids_t, positions(cu, ids_t.shape[0]), self.attention)
-            return pool(hidden, cu, self.card.pooling)
+            pooled = pool(hidden, cu, self.card.pooling)
+            return pooled if self.dense is None else self.dense(pooled)
 
     def embed_final(
         self,

@@ -29,7 +29,7 @@ import torch
 from mesh.config import MAX_BATCH_TOKENS_GPU
 from mesh.worker.engine.card import ModelCard
 from mesh.worker.engine.flashinfer_attention import WORKSPACE_BYTES, cuda_backend
-from mesh.worker.engine.pooling import pool
+from mesh.worker.engine.pooling import PoolBuffers, fill_pool_indices, pool, static_pool
 
 log = logging.getLogger("embedmesh.worker.gpu")
 
@@ -63,22 +63,24 @@ class _Staging:
     """Pinned host buffers for one batch's ids and positions (and a graph's pooling
     indices), reused once the copies out of them have run (an event guards the reuse)."""
 
-    def __init__(self, tokens: int) -> None:
+    def __init__(self, tokens: int, pooling: str) -> None:
+        self._grow(tokens)
+        # Sized for the largest graph; only graph batches (never larger) read them.
+        self.pool = PoolBuffers.empty(pooling, tokens, MAX_GRAPH_SEQUENCES, pin_memory=True)
+        self.copied = torch.cuda.Event()
+        self.copied.record()
+
+    def _grow(self, tokens: int) -> None:
         self.ids = torch.empty(tokens, dtype=torch.int64, pin_memory=True)
         self.pos = torch.empty(tokens, dtype=torch.int64, pin_memory=True)
         self.cu = torch.empty(tokens + 1, dtype=torch.int32, pin_memory=True)
-        self.index = torch.empty(tokens, dtype=torch.int64, pin_memory=True)
-        self.inv = torch.empty(MAX_GRAPH_SEQUENCES + 1, dtype=torch.float32, pin_memory=True)
-        self.copied = torch.cuda.Event()
-        self.copied.record()
 
     def fill(
         self, ids: np.ndarray, pos: np.ndarray, offsets: np.ndarray
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         self.copied.synchronize()
         if ids.shape[0] > self.ids.shape[0] or offsets.shape[0] > self.cu.shape[0]:
-            grown = _Staging(max(ids.shape[0], offsets.shape[0]))
-            self.ids, self.pos, self.cu, self.index = grown.ids, grown.pos, grown.cu, grown.index
+            self._grow(max(ids.shape[0], offsets.shape[0]))
         n, m = ids.shape[0], offsets.shape[0]
         self.ids.numpy()[:n] = ids
         self.pos.numpy()[:n] = pos
@@ -92,52 +94,9 @@ class _Graph:
     attn: Any
     ids: torch.Tensor
     pos: torch.Tensor
-    index: torch.Tensor  # pooling: each row's sequence (mean) or each sequence's row
-    inv: torch.Tensor  # mean pooling: 1 / length per sequence slot
-    pooled: torch.Tensor  # [slots, hidden] float32, written by every replay
-
-
-def fill_pool_indices(
-    mode: str,
-    seg: np.ndarray,
-    offsets: np.ndarray,
-    lengths: np.ndarray,
-    index: np.ndarray,
-    inv: np.ndarray,
-    rows: int,
-) -> int:
-    """Write :func:`static_pool`'s inputs for one batch into ``index`` and ``inv`` (host
-    buffers of at least ``rows`` and ``slots + 1`` entries, ``slots = len(inv) - 1``):
-    ``seg`` is each real token's sequence, ``rows`` the bucket's rows. Returns how many
-    entries of ``index`` the graph reads."""
-    n, slots = len(lengths), len(inv) - 1
-    inv[:n] = 1.0 / lengths
-    inv[n:] = 0.0
-    if mode == "mean":
-        index[: seg.shape[0]] = seg
-        index[seg.shape[0] : rows] = slots  # padding rows go to the spare slot
-        return rows
-    index[:n] = offsets[:-1] if mode == "cls" else offsets[1:] - 1
-    index[n:slots] = 0
-    return slots
-
-
-def static_pool(
-    hidden: torch.Tensor, index: torch.Tensor, inv: torch.Tensor, mode: str, slots: int
-) -> torch.Tensor:
-    """Pooling with shapes fixed per bucket, so it can live inside the bucket's graph.
-
-    ``mean``: ``index[r]`` is row r's sequence slot (padding rows point at a spare last
-    slot that is never read) and ``inv[s]`` is 1 / length of slot s, so one ``index_add_``
-    and one multiply replace the dozen launches of :func:`pooling.pool` per batch (host time
-    the small models' 2 ms batches cannot spare). ``cls``/``last``: ``index[s]`` is the
-    row to take for slot s.
-    """
-    if mode == "mean":
-        sums = torch.zeros(slots + 1, hidden.shape[1], dtype=torch.float32, device=hidden.device)
-        sums.index_add_(0, index, hidden.float())
-        return sums * inv[:, None]
-    return hidden[index].float()
+    pool_in: PoolBuffers  # what static_pool reads besides the hidden states
+    slots: int
+    pooled: torch.Tensor  # [slots, dims] float32 (after any Dense), written by every replay
 
 
 class GpuRunner:
@@ -150,9 +109,11 @@ class GpuRunner:
         device: torch.device,
         graph_max_tokens: int = MAX_BATCH_TOKENS_GPU,  # engine.GRAPH_MAX_TOKENS
         graphs: bool = True,
+        dense: torch.nn.Module | None = None,
     ) -> None:
         self.model = model
         self.card = card
+        self.dense = dense  # sentence-transformers Dense layers after pooling, fp32
         self.device = device
         # Streams, events and pinned buffers below belong to the current device.
         if device.index is not None:
@@ -171,7 +132,7 @@ class GpuRunner:
         self.pool = torch.cuda.graph_pool_handle()
         # One more than the worker's usual two batches in flight, so a third credit does not
         # wait here for a buffer the device has not read yet.
-        self.staging = [_Staging(graph_max_tokens) for _ in range(3)]
+        self.staging = [_Staging(graph_max_tokens, card.pooling) for _ in range(3)]
         self._turn = 0
         self._window_start = time.monotonic()
         self._captured_s = 0.0
@@ -215,6 +176,8 @@ class GpuRunner:
         stage.copied.record()
         hidden = self.model(ids_d, pos_d, self.eager_attn)
         pooled = pool(hidden, cu_d, self.card.pooling)
+        if self.dense is not None:
+            pooled = self.dense(pooled)
         if bucket is not None and self._budget_left():
             self._try_capture(bucket)
         return pooled
@@ -228,13 +191,10 @@ class GpuRunner:
         lengths: np.ndarray,
     ) -> None:
         """Hand a graph's pooling its indices for this batch (see :func:`static_pool`)."""
-        rows, slots = graph.ids.shape[0], graph.inv.shape[0] - 1
-        inv = stage.inv.numpy()[: slots + 1]  # sized to this graph: its spare slot is last
-        used = fill_pool_indices(
-            self.card.pooling, seg, offsets, lengths, stage.index.numpy(), inv, rows
-        )
-        graph.index.copy_(stage.index[:used], non_blocking=True)
-        graph.inv.copy_(stage.inv[: slots + 1], non_blocking=True)
+        spec, rows, slots = self.card.pooling, graph.ids.shape[0], graph.slots
+        host = stage.pool.head(spec, rows, slots)  # sized to this graph: its spare slot is last
+        fill_pool_indices(spec, seg, offsets, lengths, host, rows, slots)
+        graph.pool_in.copy_(host)
 
     def warmup(self, buckets: list[int]) -> None:
         """Capture the given buckets now (each rounded up to a bucket), budget or not."""
@@ -277,9 +237,7 @@ class GpuRunner:
         )
         ids = torch.zeros(rows, dtype=torch.int64, device=self.device)
         pos = torch.arange(rows, dtype=torch.int64, device=self.device) % 8
-        mode = self.card.pooling
-        index = torch.zeros(rows if mode == "mean" else seqs, dtype=torch.int64, device=self.device)
-        inv = torch.zeros(seqs + 1, dtype=torch.float32, device=self.device)
+        pool_in = PoolBuffers.empty(self.card.pooling, rows, seqs, device=self.device)
         # One planned length mix; replays re-plan with their own (same sequence slots).
         attn.plan(torch.tensor([0, rows], dtype=torch.int32), self.card.causal)
         side = torch.cuda.Stream(self.device)
@@ -287,7 +245,7 @@ class GpuRunner:
         with torch.inference_mode(), torch.cuda.stream(side):
             # A warm run first: lazy initialisation (cuBLAS handles, compiled kernels) must
             # not happen inside the capture.
-            static_pool(self.model(ids, pos, attn), index, inv, mode, seqs)
+            self._head(self.model(ids, pos, attn), pool_in, seqs)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: the worker's finisher thread waits on result events meanwhile, which
@@ -296,12 +254,18 @@ class GpuRunner:
             torch.inference_mode(),
             torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
         ):
-            pooled = static_pool(self.model(ids, pos, attn), index, inv, mode, seqs)
-        self.graphs[rows] = _Graph(graph, attn, ids, pos, index, inv, pooled)
+            pooled = self._head(self.model(ids, pos, attn), pool_in, seqs)
+        self.graphs[rows] = _Graph(graph, attn, ids, pos, pool_in, seqs, pooled)
         spent = time.perf_counter() - started
         self._captured_s += spent
         self.capture_seconds += spent
         log.info("captured the %d-token bucket's graph in %.3f s", rows, spent)
+
+    def _head(self, hidden: torch.Tensor, pool_in: PoolBuffers, slots: int) -> torch.Tensor:
+        """What a graph ends with: the pooling, then any Dense layers, all captured (unused
+        slots carry garbage through the Dense layers: only the first n rows are read)."""
+        pooled = static_pool(hidden, pool_in, self.card.pooling, slots)
+        return pooled if self.dense is None else self.dense(pooled)
 
     def summary(self) -> str:
         """Graph use so far, for the worker's loop log."""

@@ -77,26 +77,113 @@ def test_bert_without_a_pooling_config_is_mean_pooled(minilm_copy: Path) -> None
     assert (card.pooling, card.normalize) == ("mean", False)
 
 
-@pytest.mark.parametrize("flag", ["pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens"])
-def test_pooling_modes_we_do_not_implement_are_refused(minilm_copy: Path, flag: str) -> None:
-    _edit(minilm_copy / "1_Pooling" / "config.json", pooling_mode_mean_tokens=False, **{flag: True})
-    with pytest.raises(ValueError, match="not supported"):
+@pytest.mark.parametrize(
+    ("flags", "pooling"),
+    [
+        ({"pooling_mode_max_tokens": True}, "max"),
+        ({"pooling_mode_mean_sqrt_len_tokens": True}, "mean_sqrt_len"),
+        ({"pooling_mode_weightedmean_tokens": True}, "weightedmean"),
+        # Several flags concatenate in sentence-transformers' fixed order, whatever the file's.
+        ({"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True}, "cls+mean"),
+        ({"pooling_mode": ["max", "cls"]}, "max+cls"),  # newer saves: names, in their order
+        ({"pooling_mode": "lasttoken"}, "last"),
+    ],
+)
+def test_every_pooling_layout_is_read(minilm_copy: Path, flags: dict, pooling: str) -> None:
+    _edit(minilm_copy / "1_Pooling" / "config.json", **{"pooling_mode_mean_tokens": False, **flags})
+    card = read_card(minilm_copy)
+    assert (card.pooling, card.dims) == (pooling, 384 * len(pooling.split("+")))
+
+
+def test_an_unknown_pooling_mode_is_refused(minilm_copy: Path) -> None:
+    _edit(minilm_copy / "1_Pooling" / "config.json", pooling_mode="attention")
+    with pytest.raises(ValueError, match="attention"):
         read_card(minilm_copy)
 
 
-def test_mean_pooling_that_leaves_out_the_prompt_is_refused(minilm_copy: Path) -> None:
+def _with_prompts(model_dir: Path, prompts: dict, default: str | None = None) -> None:
+    doc = {"prompts": prompts, "default_prompt_name": default}
+    (model_dir / "config_sentence_transformers.json").write_text(json.dumps(doc))
+
+
+def test_prompts_and_their_default_are_read(minilm_copy: Path) -> None:
+    _with_prompts(minilm_copy, {"query": "query: ", "passage": "passage: "}, "query")
+    card = read_card(minilm_copy)
+    assert card.prompts == {"query": "query: ", "passage": "passage: "}
+    assert card.default_prompt_name == "query"
+
+
+def test_a_default_prompt_that_is_not_a_prompt_is_refused(minilm_copy: Path) -> None:
+    _with_prompts(minilm_copy, {"query": "query: "}, "passage")
+    with pytest.raises(ValueError, match="passage"):
+        read_card(minilm_copy)
+
+
+def test_pooling_that_leaves_out_a_prompt_is_refused(minilm_copy: Path) -> None:
     _edit(minilm_copy / "1_Pooling" / "config.json", include_prompt=False)
+    _with_prompts(minilm_copy, {"query": "query: ", "document": ""})
     with pytest.raises(ValueError, match="include_prompt"):
         read_card(minilm_copy)
 
 
-def test_a_dense_module_after_pooling_is_refused(minilm_copy: Path) -> None:
+def test_include_prompt_false_is_harmless_without_a_prompt(minilm_copy: Path) -> None:
+    _edit(minilm_copy / "1_Pooling" / "config.json", include_prompt=False)
+    _with_prompts(minilm_copy, {"query": "", "document": ""})  # sentence-transformers 5+ saves
+    assert read_card(minilm_copy).pooling == "mean"
+
+
+def _add_dense(model_dir: Path, config: dict | None, at: int = 2) -> None:
+    modules = json.loads((model_dir / "modules.json").read_text())
+    entry = {
+        "idx": at,
+        "name": str(at),
+        "path": "2_Dense",
+        "type": "sentence_transformers.models.Dense",
+    }
+    modules.insert(at, entry)
+    (model_dir / "modules.json").write_text(json.dumps(modules))
+    if config is not None:
+        (model_dir / "2_Dense").mkdir()
+        (model_dir / "2_Dense" / "config.json").write_text(json.dumps(config))
+
+
+def test_a_dense_module_sets_the_dims(minilm_copy: Path) -> None:
+    _add_dense(minilm_copy, {"in_features": 384, "out_features": 128, "bias": True})
+    card = read_card(minilm_copy)
+    assert card.dims == 128
+    assert (card.dense[0].activation, card.dense[0].path) == ("Tanh", "2_Dense")  # ST's default
+
+
+@pytest.mark.parametrize(
+    ("config", "at", "match"),
+    [
+        (None, 2, "no config.json"),
+        ({"in_features": 256, "out_features": 128}, 2, "takes 256 features"),
+        (
+            {"in_features": 384, "out_features": 8, "activation_function": "my.pkg.Swish"},
+            2,
+            "my.pkg.Swish",
+        ),
+        (
+            {"in_features": 384, "out_features": 8, "module_input_name": "token_embeddings"},
+            2,
+            "token_embeddings",
+        ),
+        ({"in_features": 384, "out_features": 8}, 3, "after Normalize"),
+        ({"in_features": 384, "out_features": 8}, 1, "before Pooling"),
+    ],
+)
+def test_a_dense_module_we_cannot_serve_exactly_is_refused(minilm_copy, config, at, match) -> None:
+    _add_dense(minilm_copy, config, at)
+    with pytest.raises(ValueError, match=match):
+        read_card(minilm_copy)
+
+
+def test_an_unknown_module_is_refused_by_name(minilm_copy: Path) -> None:
     modules = json.loads((minilm_copy / "modules.json").read_text())
-    modules.insert(
-        2, {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
-    )
+    modules.append({"idx": 3, "name": "3", "path": "3_X", "type": "my.pkg.LayerNorm"})
     (minilm_copy / "modules.json").write_text(json.dumps(modules))
-    with pytest.raises(ValueError, match="Dense"):
+    with pytest.raises(ValueError, match="LayerNorm"):
         read_card(minilm_copy)
 
 

@@ -156,3 +156,13 @@ def test_drain_grace_and_body_timeout_reach_the_config() -> None:
     assert (cfg.drain_grace_s, cfg.body_timeout_s) == (30.0, 30.0)
     cfg = ingress_config(params("--drain-grace", "5", "--body-timeout", "2.5"), Liveness())
     assert (cfg.drain_grace_s, cfg.body_timeout_s) == (5.0, 2.5)
+
+
+def test_tei_model_reaches_the_config_and_the_ingresses_of_role_all() -> None:
+    from launch.supervisor import role_commands
+
+    assert ingress_config(params(), Liveness()).tei_model is None
+    assert ingress_config(params("--tei-model", "bge"), Liveness()).tei_model == "bge"
+    cmds = role_commands(_all_opts("--tei-model", "bge"), "ipc:///t/front", "ipc:///t/back")
+    args = cmds["ingress"] if "ingress" in cmds else cmds["ingress-0"]
+    assert args[args.index("--tei-model") + 1] == "bge"

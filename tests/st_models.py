@@ -1,0 +1,94 @@
+"""Tiny random-weight sentence-transformers models, built with the sentence_transformers library
+itself, for tests that compare the engine (or the whole mesh) with ``SentenceTransformer``.
+
+One small BERT (2 layers, hidden 32) with the embedded MiniLM's WordPiece tokenizer, saved once;
+each model is that Transformer plus the Pooling, Dense and Normalize modules and prompts asked
+for, saved as sentence-transformers saves it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+HIDDEN = 32
+MAX_TOKENS = 128
+PROMPTS = {"query": "query: ", "passage": "passage: ", "instruct": "Instruct: find the answer\n"}
+
+
+@dataclass(frozen=True)
+class DenseSpec:
+    out_features: int
+    activation: str = "Tanh"  # a torch.nn class name
+    bias: bool = True
+
+
+def build_tiny_bert(path: Path, seed: int = 3) -> Path:
+    """A tiny BertModel with noticeable random weights and a real WordPiece tokenizer."""
+    import torch
+    import transformers
+
+    from mesh.worker.engine.card import default_model_path
+
+    config = transformers.BertConfig(
+        vocab_size=30522,  # the MiniLM tokenizer's
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=MAX_TOKENS,
+    )
+    torch.manual_seed(seed)
+    model = transformers.BertModel(config).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if p.dim() == 1 and "layernorm" in name.lower():
+                p.copy_(1.0 + 0.2 * noise if name.endswith("weight") else 0.1 * noise)
+            else:
+                p.copy_(0.1 * noise)
+    model.save_pretrained(path, safe_serialization=True)
+    transformers.AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(path)
+    return path
+
+
+def build_st_model(
+    bert_dir: Path,
+    path: Path,
+    pooling: str | Sequence[str] = "mean",
+    dense: Sequence[DenseSpec] = (),
+    normalize: bool = True,
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
+    include_prompt: bool = True,
+    seed: int = 5,
+) -> Path:
+    """Save ``Transformer(bert_dir) -> Pooling -> Dense... -> Normalize`` at ``path``.
+    ``pooling``: sentence-transformers mode names (``"mean"``, ``("cls", "max")``)."""
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+
+    torch.manual_seed(seed)
+    modules: list[torch.nn.Module] = [models.Transformer(str(bert_dir), max_seq_length=MAX_TOKENS)]
+    pool = models.Pooling(HIDDEN, pooling_mode=pooling, include_prompt=include_prompt)
+    modules.append(pool)
+    width = pool.get_embedding_dimension()
+    for spec in dense:
+        activation = getattr(torch.nn, spec.activation)()
+        modules.append(
+            models.Dense(width, spec.out_features, bias=spec.bias, activation_function=activation)
+        )
+        width = spec.out_features
+    if normalize:
+        modules.append(models.Normalize())
+    st = SentenceTransformer(
+        modules=modules, device="cpu", prompts=prompts, default_prompt_name=default_prompt_name
+    )
+    st.save(str(path))
+    return path
