@@ -38,6 +38,10 @@ RATE_MIN_BATCH_TOKENS = 1024
 # A model whose last worker left is forgotten by the broker after this long: requests for it then
 # get MODEL_NOT_FOUND instead of UNAVAILABLE. As the ingress's FORGET_UNSERVED_AFTER_S; 60..3600.
 MODEL_FORGET_S = 600.0
+# Bulk tokenization threads of a client (the ingress) run this much nicer than live work, so
+# that a query's hops get the CPU first on a busy host (mesh/client/executor.py); 0..19, 0 = off.
+# EMBEDMESH_BULK_NICE overrides it.
+BULK_NICE = 0
 DEFAULT_REQUEST_TIMEOUT_S = 120.0  # client-side deadline when the caller gives none
 
 

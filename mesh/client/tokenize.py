@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -36,6 +37,7 @@ from tokenizers import Encoding, Tokenizer
 
 from mesh.client.executor import PriorityExecutor
 from mesh.client.request import over_limit_message
+from mesh.config import BULK_NICE
 from mesh.errors import InvalidInput
 from proto_msgs import Lane, ModelInfo
 
@@ -154,11 +156,27 @@ def _chars_within(texts: list[str], limit: int) -> bool:
     return True
 
 
+def bulk_nice_from_env() -> int:
+    """``EMBEDMESH_BULK_NICE``: how much lower bulk tokenization runs than live work (0 = the
+    same). With it set, tokenizers' own thread pool is turned off in this process
+    (``TOKENIZERS_PARALLELISM=false``): its threads would run bulk work at the priority of
+    whoever started them, and the executor's threads already spread the work over the cores."""
+    try:
+        nice = max(0, int(os.environ.get("EMBEDMESH_BULK_NICE", str(BULK_NICE))))
+    except ValueError:
+        nice = BULK_NICE
+    if nice:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    return nice
+
+
 class TokenizerPool:
     """Tokenizers by digest, and the threads that run them (live work first)."""
 
-    def __init__(self, threads: int = 4) -> None:
-        self._pool = PriorityExecutor(threads, "tokenize")
+    def __init__(self, threads: int = 4, bulk_nice: int | None = None) -> None:
+        if bulk_nice is None:
+            bulk_nice = bulk_nice_from_env()
+        self._pool = PriorityExecutor(threads, "tokenize", bulk_nice)
         self._by_digest: dict[str, ModelTokenizer] = {}
 
     def get(self, digest: str) -> ModelTokenizer | None:

@@ -55,3 +55,44 @@ def test_shutdown_cancels_what_is_queued() -> None:
     assert queued.cancelled()
     with pytest.raises(RuntimeError):
         pool.submit(Lane.BATCH, print)
+
+
+def _my_nice() -> tuple[str, int]:
+    import os
+    import threading
+
+    return threading.current_thread().name, os.getpriority(
+        os.PRIO_PROCESS, threading.get_native_id()
+    )
+
+
+def test_with_a_bulk_nice_bulk_runs_on_nicer_threads_and_one_thread_keeps_live_work_only():
+    import os
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    if base > 14:
+        pytest.skip("this process is already too nice to be made nicer by 5")
+    pool = PriorityExecutor(3, "t", bulk_nice=5)
+    try:
+        bulk = [pool.submit(1, _my_nice) for _ in range(50)]
+        ran = {f.result(timeout=10) for f in bulk}
+        assert {name for name, _ in ran} <= {"t-1", "t-2"}, "the live thread took bulk work"
+        assert {nice for _, nice in ran} == {base + 5}
+        live = [pool.submit(0, _my_nice) for _ in range(50)]
+        niceness = {f.result(timeout=10)[1] for f in live}
+        assert niceness <= {base, base + 5}
+    finally:
+        pool.shutdown()
+
+
+def test_with_a_single_thread_the_bulk_nice_is_ignored_so_nothing_starves():
+    import os
+
+    pool = PriorityExecutor(1, "one", bulk_nice=5)
+    try:
+        assert pool.submit(1, _my_nice).result(timeout=10) == (
+            "one-0",
+            os.getpriority(os.PRIO_PROCESS, 0),
+        )
+    finally:
+        pool.shutdown()
