@@ -194,7 +194,7 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
 @click.option("--http-port", type=int, default=8000, help="[ingress, all] HTTP port.")
 @click.option(
     "--api-key",
-    help="[ingress, all] Require 'Authorization: Bearer KEY' on /v1/*. Prefer EMBEDMESH_API_KEY "
+    help="[ingress, all] Require 'Authorization: Bearer KEY' on /v1/* and TEI's routes. Prefer EMBEDMESH_API_KEY "
     "or --api-key-file: any user can read a command line (ps); children get it by environment.",
 )
 @click.option(
