@@ -197,14 +197,14 @@ async def _embeddings(request: web.Request) -> web.Response:
     prepared = time.perf_counter()
     result = await state.client.submit(valid, cfg.request_timeout_s)
     meshed = time.perf_counter()
-    texts = req.texts is not None
-    embeddings = account(state, valid, result, prepared - parsed if texts else None,
-                         meshed - prepared)  # fmt: skip
+    tokenized = prepared - parsed if req.texts is not None else None
+    embeddings = account(state, valid, result, tokenized, meshed - prepared)
     name = valid.model.name
     out = await render_embeddings_sliced(
         embeddings, req.encoding_format, name, result.prompt_tokens
     )
     done = time.perf_counter()
+    # TEI counts characters of texts, or ids given as ids.
     chars = sum(map(len, req.texts)) if req.texts is not None else valid.tokens
     headers = tei.timing_headers(done - start, prepared - parsed, result, chars)
     if request.headers.get(TIMINGS_HEADER, "").strip().lower() in ("1", "true"):
@@ -227,7 +227,9 @@ async def _front_door(state: IngressState, req: EmbeddingsRequest) -> ValidReque
         "truncate": state.cfg.auto_truncate,
     }
     if req.texts is not None:
-        return await state.client.prepare_texts(req.texts, req.model, **options)
+        return await state.client.prepare_texts(
+            req.texts, req.model, prompt_name=req.prompt_name, **options
+        )
     assert req.token_ids is not None and req.offsets is not None
     return state.client.prepare_tokens(req.token_ids, req.offsets, req.model, **options)
 
@@ -252,6 +254,9 @@ def _model_card(state: IngressState, info: ModelInfo) -> dict[str, object]:
         "dimensions": info.dims,
         "max_input_tokens": info.max_input_tokens,
         "workers": info.workers,
+        # /v1/embeddings' prompt_name picks one; the default applies when none is named.
+        "prompts": info.prompts,
+        "default_prompt_name": info.default_prompt_name,
     }
 
 

@@ -146,9 +146,8 @@ async def _embed(request: web.Request) -> web.Response:
     prepared = time.perf_counter()
     result = await state.client.submit(valid, cfg.request_timeout_s)
     meshed = time.perf_counter()
-    texts = req.inputs.texts is not None
-    embeddings = account(state, valid, result, prepared - parsed if texts else None,
-                         meshed - prepared)  # fmt: skip
+    tokenized = prepared - parsed if req.inputs.texts is not None else None
+    embeddings = account(state, valid, result, tokenized, meshed - prepared)
     out = await render_vectors_sliced(embeddings)
     headers = timing_headers(
         time.perf_counter() - start, prepared - parsed, result, req.inputs.chars
