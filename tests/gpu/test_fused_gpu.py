@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from models import bert_base_dir, qwen3_dir
 from test_gpu_engine import LENGTHS, cosines, pack, random_seqs, reference
 
-from mesh.worker.engine import bert, fused
+from mesh.worker.engine import fused
 from mesh.worker.engine.engine import Engine
+from mesh.worker.engine.models import blocks
 
 pytest.importorskip("triton", reason="the fused kernels need triton")
 
@@ -84,7 +85,7 @@ def test_silu_mul_on_a_16k_batch() -> None:
 
 def test_gelu_epilogue_is_the_tanh_gelu_of_the_up_projection() -> None:
     x, w, b = _randn(ROWS, 768, seed=12), _randn(3072, 768, seed=13, scale=0.05), _gain(3072, 14)
-    out = bert.up_gelu(x, w, b, exact=False)
+    out = blocks.up_gelu(x, w, b, exact=False)
     ref = F.gelu(F.linear(x.float(), w.float(), b.float()), approximate="tanh")
     assert out.dtype == BF16
     assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2

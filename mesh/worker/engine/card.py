@@ -18,18 +18,15 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from mesh.worker.engine.models.registry import Family, spec_for_config, spec_for_family
 from mesh.worker.engine.st_config import DenseLayer, Pooling, StPipeline, read_st_pipeline
 
 __all__ = ["DenseLayer", "ModelCard", "Pooling", "read_card"]
 
-Family = Literal["bert", "qwen3"]
-
 EMBEDDED_DEFAULT_NAME = "all-MiniLM-L6-v2"
 EMBEDDED_DEFAULT_ALIAS = "sentence-transformers/all-MiniLM-L6-v2"
-
-_FAMILY_BY_MODEL_TYPE: dict[str, Family] = {"bert": "bert", "qwen3": "qwen3"}
 
 
 @dataclass
@@ -71,11 +68,9 @@ def read_config(model_dir: str | Path) -> dict[str, Any]:
 
 
 def model_family(config: dict[str, Any]) -> Family:
-    model_type = str(config.get("model_type", ""))
-    family = _FAMILY_BY_MODEL_TYPE.get(model_type)
-    if family is None:
-        raise ValueError(f"unsupported model_type {model_type!r}; served: bert, qwen3")
-    return family
+    """The family of ``config.json``'s model_type (:mod:`.models.registry`); ValueError
+    naming it and the model types served when there is none."""
+    return spec_for_config(config).family
 
 
 def _pooling(st: StPipeline, family: Family, causal: bool) -> str:
@@ -92,7 +87,7 @@ def _pooling(st: StPipeline, family: Family, causal: bool) -> str:
         return "+".join(st.pooling)
     # Without a pooling config: BERT-style encoders are mostly mean-pooled (MiniLM, E5, GTE);
     # a causal decoder can only summarise the sequence in its last token.
-    if family == "qwen3" and causal:
+    if causal:
         return "last"
     return "mean"
 
@@ -100,14 +95,14 @@ def _pooling(st: StPipeline, family: Family, causal: bool) -> str:
 def is_causal(config: dict[str, Any], family: Family, pool_cfg: dict[str, Any] | None) -> bool:
     """Whether a model attends causally.
 
-    BERT never does. For Qwen3, an explicit flag wins: ``is_causal: false`` or
-    ``use_bidirectional_attention: true`` in config.json means bidirectional (pplx-embed
-    style). Without a flag, the pooling decides: mean pooling means bidirectional (a causal
-    decoder's mean pools tokens that never saw the end of the text, which no Qwen3 embedder
-    we know of is trained for), anything else, or no pooling config, means causal
-    (Qwen3-Embedding, last-token pooling).
+    Encoders never do. For a decoder (Qwen3, ...), an explicit flag wins: ``is_causal:
+    false`` or ``use_bidirectional_attention: true`` in config.json means bidirectional
+    (pplx-embed style). Without a flag, the pooling decides: mean pooling means
+    bidirectional (a causal decoder's mean pools tokens that never saw the end of the text,
+    which no decoder embedder we know of is trained for), anything else, or no pooling
+    config, means causal (Qwen3-Embedding, last-token pooling).
     """
-    if family == "bert":
+    if not spec_for_family(family).decoder:
         return False
     if config.get("use_bidirectional_attention") is True:
         return False
@@ -120,18 +115,25 @@ def _max_input_tokens(model_dir: Path, config: dict[str, Any], family: Family) -
     st_cfg = _read_json(model_dir / "sentence_bert_config.json") or {}
     max_seq = st_cfg.get("max_seq_length")
     max_pos = config.get("max_position_embeddings")
-    if family == "bert":
-        # Absolute position embeddings: no input may be longer than the table.
+    spec = spec_for_family(family)
+    if spec.positions != "rotary":
+        # Absolute position embeddings: no input may be longer than the table, whose
+        # RoBERTa-style rows start after the padding index (514 rows serve 512 tokens).
+        if max_pos and spec.positions == "after_pad":
+            max_pos = int(max_pos) - int(config.get("pad_token_id") or 1) - 1
         limits = [int(v) for v in (max_seq, max_pos) if v]
         if not limits:
             raise ValueError("config has no max_position_embeddings")
         return min(limits)
     # RoPE has no table; trust the sentence-transformers limit when the model ships one.
-    if max_seq:
-        return int(max_seq)
-    if not max_pos:
+    if not (max_seq or max_pos):
         raise ValueError("config has no max_position_embeddings")
-    return int(max_pos)
+    limit = int(max_seq or max_pos)
+    window = config.get("sliding_window")
+    if spec.window_bounds_input and window:
+        # The model runs no sliding window: inputs that fit in one see what it would show.
+        limit = min(limit, int(window))
+    return limit
 
 
 def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCard:

@@ -52,11 +52,9 @@ def bucket_sizes(graph_max_tokens: int) -> list[int]:
 
 
 def model_heads(model: torch.nn.Module) -> tuple[int, int, int]:
-    """(query heads, key/value heads, head_dim) of a BertEncoder or Qwen3Embedder."""
-    if hasattr(model, "num_heads"):  # BERT: no grouped-query attention
-        return model.num_heads, model.num_heads, model.head_dim
-    layer = model.layers[0]
-    return layer.num_heads, layer.num_kv_heads, layer.head_dim
+    """(query heads, key/value heads, head_dim) of a family's model (every one in
+    :mod:`mesh.worker.engine.models` has the three; encoders have as many of each)."""
+    return model.num_heads, model.num_kv_heads, model.head_dim
 
 
 class _Staging:

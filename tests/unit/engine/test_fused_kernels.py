@@ -19,8 +19,9 @@ import torch
 import torch.nn.functional as F
 from engine_helpers import cosines, pack, random_seqs, randomize, write_word_tokenizer
 
-from mesh.worker.engine import bert, fused, qwen3
+from mesh.worker.engine import fused
 from mesh.worker.engine.engine import Engine, choose_kernels
+from mesh.worker.engine.models import blocks
 
 ROWS = [1, 7, 129]
 HIDDEN = [48, 384, 768, 1024]
@@ -101,7 +102,7 @@ def test_add_layer_norm_matches_its_reference_and_the_eager_bert_residual(
     out = kernels.add_layer_norm(x, y, w, b, 1e-12)
     assert out.shape == x.shape and out.dtype == dtype
     _close(out, kernels.add_layer_norm_ref(x, y, w, b, 1e-12))
-    # What bert.after_attention computes for each residual.
+    # What blocks.post_ln computes for each residual.
     _close(out, F.layer_norm(x + y, (hidden,), w, b, 1e-12), PLAIN_TOL)
 
 
@@ -114,7 +115,7 @@ def test_add_rms_norm_updates_the_residual_in_place_and_normalizes_it(
     x, y = _randn(rows, hidden, dtype=dtype, seed=5), _randn(rows, hidden, dtype=dtype, seed=6)
     w = _gain(hidden, dtype, 7)
     residual, ref = kernels.add_rms_norm_ref(x, y, w, 1e-6)
-    plain = qwen3.rms_norm(x + y, w, 1e-6)
+    plain = blocks.rms_norm(x + y, w, 1e-6)
     stream = x.clone()
     h = kernels.add_rms_norm(stream, y, w, 1e-6)
     _close(stream, residual)
@@ -134,11 +135,11 @@ def test_add_rms_norm_without_a_residual_is_a_plain_rms_norm(
     h = kernels.add_rms_norm(x, None, w, 1e-6)
     assert torch.equal(x, before)
     _close(h, kernels.add_rms_norm_ref(x, None, w, 1e-6)[1])
-    _close(h, qwen3.rms_norm(x, w, 1e-6), PLAIN_TOL)
+    _close(h, blocks.rms_norm(x, w, 1e-6), PLAIN_TOL)
 
 
 def _rope_tables(rows: int, d: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    # As Qwen3Embedder.forward builds them, for positions 0..rows-1 of one sequence.
+    # As DecoderEmbedder.forward builds them (blocks.rope_cos_sin), for positions 0..rows-1 of one sequence.
     inv_freq = 1.0 / 1000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
     freqs = torch.arange(rows, dtype=torch.float32)[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -146,14 +147,14 @@ def _rope_tables(rows: int, d: int, dtype: torch.dtype) -> tuple[torch.Tensor, t
 
 
 def _plain_qk(qkv, q_norm, k_norm, cos, sin, hq, hkv, d):  # noqa: ANN001, ANN202
-    # qwen3.before_attention's math after the QKV projection.
+    # decoder.before_attention's math after the QKV projection.
     rows = qkv.shape[0]
     q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-    q = qwen3.rms_norm(q.reshape(rows, hq, d), q_norm, 1e-6)
-    k = qwen3.rms_norm(k.reshape(rows, hkv, d), k_norm, 1e-6)
+    q = blocks.rms_norm(q.reshape(rows, hq, d), q_norm, 1e-6)
+    k = blocks.rms_norm(k.reshape(rows, hkv, d), k_norm, 1e-6)
     cos, sin = cos[:, None], sin[:, None]
-    q = q * cos + qwen3.rotate_half(q) * sin
-    k = k * cos + qwen3.rotate_half(k) * sin
+    q = q * cos + blocks.rotate_half(q) * sin
+    k = k * cos + blocks.rotate_half(k) * sin
     return q, k, v.reshape(rows, hkv, d)
 
 
@@ -213,12 +214,12 @@ def test_the_gelu_epilogue_switch_stays_exact_on_cpu() -> None:
     x = _randn(9, 48, dtype=torch.float32, seed=15)
     w, b = _randn(96, 48, dtype=torch.float32, seed=16), _randn(96, dtype=torch.float32, seed=17)
     exact = F.gelu(F.linear(x, w, b))
-    assert torch.equal(bert.up_gelu(x, w, b, exact=False), exact)
-    assert torch.equal(bert.up_gelu(x, w, b, exact=True), exact)
+    assert torch.equal(blocks.up_gelu(x, w, b, exact=False), exact)
+    assert torch.equal(blocks.up_gelu(x, w, b, exact=True), exact)
 
 
 def test_tanh_gelu_is_within_the_documented_error_of_erf_gelu() -> None:
-    # bert.up_gelu's docstring: at most 4.7e-4, at |x| = 2.70.
+    # blocks.up_gelu's docstring: at most 4.7e-4, at |x| = 2.70.
     grid = torch.linspace(-10, 10, 2_000_001, dtype=torch.float64)
     err = (F.gelu(grid, approximate="tanh") - F.gelu(grid)).abs()
     worst = err.argmax()

@@ -1,0 +1,155 @@
+"""BERT-family encoder (MiniLM, BGE, E5, GTE) over packed batches.
+
+Same math as Hugging Face ``BertModel`` in eval mode with absolute position embeddings and
+token type 0: embeddings LayerNorm, then post-LN layers of bidirectional self-attention and
+an exact-erf GELU MLP. Differences are of layout only: no padding (``[T, hidden]`` and
+``cu_seqlens``), query/key/value fused into one projection at load so that each layer does
+one GEMM instead of three.
+
+The per-layer work after attention is :func:`.blocks.post_ln`, picked per model by
+:meth:`BertEncoder.use_kernels`: eager torch (the CPU path and the reference), one
+``torch.compile`` of it, or the fused CUDA path (:mod:`mesh.worker.engine.fused` residual +
+LayerNorm kernels, bias + GELU in the up projection's cuBLASLt epilogue). XLM-RoBERTa
+(:mod:`.xlm_roberta`) and MPNet (:mod:`.mpnet`) reuse these layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mesh.worker.engine.attention import AttentionBackend
+from mesh.worker.engine.models.blocks import PostLn, attend, check_kernels, post_ln, post_ln_for
+from mesh.worker.engine.weights import Weights, WeightSource
+
+
+class BertLayer(nn.Module):
+    """One post-LN layer; ``names`` maps our parts to the checkpoint's (BERT's by default)."""
+
+    NAMES = {
+        "q": "attention.self.query",
+        "k": "attention.self.key",
+        "v": "attention.self.value",
+        "out": "attention.output.dense",
+        "ln1": "attention.output.LayerNorm",
+        "up": "intermediate.dense",
+        "down": "output.dense",
+        "ln2": "output.LayerNorm",
+    }
+
+    def __init__(
+        self, w: Weights, num_heads: int, eps: float, names: dict[str, str] | None = None
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.eps = eps
+        n = names or self.NAMES
+        qkv = [n["q"], n["k"], n["v"]]
+        self.register_buffer("qkv_w", w.cat([f"{p}.weight" for p in qkv]))
+        self.register_buffer("qkv_b", w.cat([f"{p}.bias" for p in qkv]))
+        for ours, theirs in (("out", "out"), ("up", "up"), ("down", "down")):
+            self.register_buffer(f"{ours}_w", w(f"{n[theirs]}.weight"))
+            self.register_buffer(f"{ours}_b", w(f"{n[theirs]}.bias"))
+        for ln in ("ln1", "ln2"):
+            self.register_buffer(f"{ln}_w", w(f"{n[ln]}.weight"))
+            self.register_buffer(f"{ln}_b", w(f"{n[ln]}.bias"))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn: AttentionBackend,
+        after: PostLn,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        total = x.shape[0]
+        qkv = F.linear(x, self.qkv_w, self.qkv_b).view(total, 3, self.num_heads, -1)
+        a = attend(attn, qkv[:, 0], qkv[:, 1], qkv[:, 2], bias=bias)
+        return after(
+            x,
+            a.reshape(x.shape),
+            (self.out_w, self.out_b, self.ln1_w, self.ln1_b),
+            (self.up_w, self.up_b, self.down_w, self.down_b, self.ln2_w, self.ln2_b),
+            self.eps,
+        )
+
+
+class BertEncoder(nn.Module):
+    """``forward(ids[T], positions[T], attn) -> [T, hidden]`` for a planned packed batch."""
+
+    causal = False
+    family = "bert"
+    # Whether attention needs a bias or window that FlashInfer's ragged prefill cannot take
+    # (gpu.GpuRunner then runs torch SDPA, eagerly).
+    needs_masks = False
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        source: WeightSource,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        causal: bool = False,
+    ) -> None:
+        super().__init__()
+        self.check_supported(config)
+        self.dtype = dtype
+        self.hidden = int(config["hidden_size"])
+        self.num_heads = int(config["num_attention_heads"])
+        self.num_kv_heads = self.num_heads
+        self.head_dim = self.hidden // self.num_heads
+        self.vocab_size = int(config["vocab_size"])
+        self.eps = float(config.get("layer_norm_eps", 1e-12))
+        w = Weights(source, dtype, device)
+        self.register_buffer("word", w("embeddings.word_embeddings.weight"))
+        self.register_buffer("pos", w("embeddings.position_embeddings.weight"))
+        # Token type is always 0 for single-text embedding: fold its row in once.
+        self.register_buffer("type0", w("embeddings.token_type_embeddings.weight")[0])
+        self.register_buffer("ln_w", w("embeddings.LayerNorm.weight"))
+        self.register_buffer("ln_b", w("embeddings.LayerNorm.bias"))
+        self.layers = nn.ModuleList(
+            BertLayer(w.under(f"encoder.layer.{i}."), self.num_heads, self.eps)
+            for i in range(int(config["num_hidden_layers"]))
+        )
+        self.kernels = "torch"
+        self._after: PostLn = post_ln
+
+    @classmethod
+    def check_supported(cls, config: dict[str, Any]) -> None:
+        # Refuse variants whose math we do not implement rather than serve wrong vectors.
+        kind = config.get("position_embedding_type", "absolute")
+        if kind != "absolute":
+            raise NotImplementedError(
+                f"{cls.family}: position_embedding_type {kind!r} is not supported (absolute)"
+            )
+        if config.get("hidden_act", "gelu") != "gelu":
+            raise NotImplementedError(
+                f"{cls.family}: hidden_act {config.get('hidden_act')!r} is not supported (gelu)"
+            )
+
+    def use_kernels(self, kernels: str, exact_gelu: bool = False) -> str:
+        """Run the layers through "torch", "compile" or "fused" (CUDA; see
+        :func:`.blocks.post_ln_fused`; ``exact_gelu`` keeps the eager erf GELU there).
+        Returns the kernels in use."""
+        check_kernels(kernels)
+        self._after = post_ln_for(kernels, exact_gelu)
+        self.kernels = kernels
+        return kernels
+
+    def position_ids(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rows of the position table for each token (BERT: its position in its sequence)."""
+        return positions
+
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.word[ids] + self.pos[self.position_ids(ids, positions)] + self.type0
+        return F.layer_norm(x, (self.hidden,), self.ln_w, self.ln_b, self.eps)
+
+    def forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        x = self.embed(ids, positions)
+        for layer in self.layers:
+            x = layer(x, attn, self._after)
+        return x

@@ -1,0 +1,78 @@
+"""The families the engine serves, keyed by ``config.json``'s ``model_type``: one table.
+
+Each entry says where the family's code lives, which checkpoint prefixes its weights may
+carry (the head class that saved them: ``BertForMaskedLM`` writes ``bert.``, a
+``*ForCausalLM`` writes ``model.``, ...), whether it may attend causally, and how its
+positions bound an input. The card reads this table to accept a model and pick its
+defaults; the loader reads it to build the model. This module imports neither torch nor
+any model, so that reading a card stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Family = Literal[
+    "bert", "xlm-roberta", "mpnet", "qwen3", "qwen2", "mistral", "modernbert", "gemma3"
+]
+# How the position table bounds an input: "table" (absolute positions from 0: at most
+# max_position_embeddings tokens), "after_pad" (RoBERTa-style, from padding_idx + 1: two
+# fewer), "rotary" (no table: the sentence-transformers limit, else max_position_embeddings).
+PositionLimit = Literal["table", "after_pad", "rotary"]
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    family: Family
+    model_types: tuple[str, ...]
+    module: str  # under mesh.worker.engine.models
+    cls: str
+    # Checkpoint prefixes of the backbone, longest first; keys without one are taken as is.
+    prefixes: tuple[str, ...]
+    decoder: bool = False  # may attend causally (then last-token pooling by default)
+    positions: PositionLimit = "table"
+    # A sliding window the model does not run: the card caps inputs at its width so that it
+    # never binds (Mistral's 4096).
+    window_bounds_input: bool = False
+
+
+FAMILIES: tuple[FamilySpec, ...] = (
+    # BertModel: none; BertForMaskedLM & co: "bert."; a sentence-transformers state dict
+    # saved whole: "0.auto_model.".
+    FamilySpec("bert", ("bert",), "bert", "BertEncoder", ("0.auto_model.", "bert.")),
+    FamilySpec(
+        "xlm-roberta",
+        ("xlm-roberta", "roberta"),
+        "xlm_roberta",
+        "XLMRobertaEncoder",
+        ("0.auto_model.", "roberta."),
+        positions="after_pad",
+    ),
+    # Qwen3Model: none; Qwen3ForCausalLM: "model." (lm_head is never asked for).
+    FamilySpec("qwen3", ("qwen3",), "decoder", "Qwen3Embedder", ("model.",), True, "rotary"),
+)
+
+_BY_MODEL_TYPE: dict[str, FamilySpec] = {t: f for f in FAMILIES for t in f.model_types}
+_BY_FAMILY: dict[str, FamilySpec] = {f.family: f for f in FAMILIES}
+
+
+def spec_for_config(config: dict[str, Any]) -> FamilySpec:
+    """The family of a ``config.json``; ValueError naming the model_type and those served."""
+    model_type = str(config.get("model_type", ""))
+    spec = _BY_MODEL_TYPE.get(model_type)
+    if spec is None:
+        served = ", ".join(sorted(_BY_MODEL_TYPE))
+        raise ValueError(f"unsupported model_type {model_type!r}; served: {served}")
+    return spec
+
+
+def spec_for_family(family: str) -> FamilySpec:
+    return _BY_FAMILY[family]
+
+
+def model_class(spec: FamilySpec) -> Any:
+    """The family's model class (imports its module, and torch with it)."""
+    module = importlib.import_module(f"mesh.worker.engine.models.{spec.module}")
+    return getattr(module, spec.cls)
