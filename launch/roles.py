@@ -139,6 +139,8 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         pooling=card.pooling,
         normalize=card.normalize,
         tokenizer_digest=card.tokenizer_digest,
+        prompts=dict(card.prompts),
+        default_prompt_name=card.default_prompt_name,
     )
     options = WorkerOptions(
         name=f"{socket.gethostname()}:{cfg.device}",

@@ -10,9 +10,10 @@ A message is ``[header][msgpack body][payload frame]...``:
   without copying (``send_multipart(..., copy=False)``) and decoded with ``np.frombuffer``.
 
 Decoding validates every field against the message's type hints and every frame against its
-descriptor and ``limits``; any mismatch raises ``ProtocolError``. The hints are read once per
-message class into a ``_Plan`` (how each field travels, one checker per body field), so a
-message costs only the checks themselves.
+descriptor and ``limits``; any mismatch raises ``ProtocolError``. A body field declared with a
+default may be absent (a peer from before it was added) and takes its default; any other
+absent field is an error. The hints are read once per message class into a ``_Plan`` (how
+each field travels, one checker per body field), so a message costs only the checks themselves.
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ def register(cls: type[Message]) -> type[Message]:
 # ---- plans: a message class's hints, read once -------------------------------------------------
 
 Check = Callable[[Any], Any]  # a decoded body value → the field's value, or ProtocolError
+# A field's default when a peer leaves it out (a peer from before the field was added): a
+# factory, or None for a field without a default, which is then required.
+Default = Callable[[], Any] | None
+BodyCheck = tuple[str, str, Check, Default]
 
 # How a field travels: in the msgpack body, or as payload frames (one array, a list of arrays,
 # one blob).
@@ -84,7 +89,7 @@ class _Plan:
 
     name: str
     fields: tuple[tuple[str, int], ...]  # every field in declaration order, and how it travels
-    body: tuple[tuple[str, str, Check], ...]  # body fields: name, "missing" error, checker
+    body: tuple[BodyCheck, ...]  # body fields: name, "missing" error, checker, default
     payload: dict[str, int]  # payload fields, in declaration order
     lists: tuple[str, ...]  # the payload fields that are lists of arrays
 
@@ -121,27 +126,40 @@ def _make_plan(cls: type) -> _Plan:
     return _Plan(
         name=cls.__name__,
         fields=fields,
-        body=_body_checks(body, cls.__name__),
+        body=_body_checks(body, cls.__name__, cls),
         payload={name: how for name, how in fields if how != _BODY},
         lists=tuple(name for name, how in fields if how == _ARRAYS),
     )
 
 
-def _body_checks(hints: dict[str, Any], where: str) -> tuple[tuple[str, str, Check], ...]:
+def _body_checks(hints: dict[str, Any], where: str, cls: type) -> tuple[BodyCheck, ...]:
+    defaults = {f.name: _default(f) for f in dataclasses.fields(cls)}
     return tuple(
-        (name, f"{where}.{name}: missing", _checker(tp, f"{where}.{name}"))
+        (name, f"{where}.{name}: missing", _checker(tp, f"{where}.{name}"), defaults[name])
         for name, tp in hints.items()
     )
 
 
-def _read_body(
-    value: dict[str, Any], checks: tuple[tuple[str, str, Check], ...], into: dict
-) -> dict:
-    for name, missing, check in checks:
+def _default(f: dataclasses.Field) -> Default:
+    # Fields added later carry a default, so that a peer of the previous release, which
+    # leaves them out, still decodes (without it: "missing"); never the other way round.
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+        return lambda: value
+    return None
+
+
+def _read_body(value: dict[str, Any], checks: tuple[BodyCheck, ...], into: dict) -> dict:
+    for name, missing, check, default in checks:
         item = value.get(name, _MISSING)
         if item is _MISSING:
-            raise ProtocolError(missing)
-        into[name] = check(item)
+            if default is None:
+                raise ProtocolError(missing)
+            into[name] = default()
+        else:
+            into[name] = check(item)
     return into
 
 
@@ -204,7 +222,7 @@ def _dict_checker(tp: Any, where: str) -> Check:
 
 
 def _map_checker(cls: type, where: str) -> Check:
-    checks = _body_checks(_field_hints(cls), where)
+    checks = _body_checks(_field_hints(cls), where, cls)
 
     def check_map(value: Any) -> Any:
         if not isinstance(value, dict):

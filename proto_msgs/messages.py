@@ -61,10 +61,14 @@ class ModelInfo:
     dims: int
     max_input_tokens: int
     vocab_size: int  # token ids given directly must be below this
-    pooling: str  # "mean" | "cls" | "last"
+    pooling: str  # a mode ("mean", "cls", "last", "max", ...) or several joined by "+"
     normalize: bool  # the model's own default (sentence-transformers Normalize module)
     tokenizer_digest: str  # sha256 hex of tokenizer.json; fetch it with TokenizerRequest
     workers: int = 0  # workers serving it now (filled in by the broker)
+    # sentence-transformers prompts: name -> text the ingress puts before each input text
+    # (config_sentence_transformers.json); a request picks one by name.
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None  # the prompt of a text request that names none
 
 
 @dataclass

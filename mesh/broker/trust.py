@@ -23,6 +23,8 @@ CARD_FIELDS = (
     "pooling",
     "normalize",
     "tokenizer_digest",
+    "prompts",  # the ingress puts them before the texts: other prompts, other vectors
+    "default_prompt_name",
 )
 
 

@@ -32,6 +32,7 @@ from mesh.client.request import (
     ValidRequest,
     guess_lane,
     output_options,
+    prompt_text,
     valid_tokenized,
     valid_tokens,
 )
@@ -175,15 +176,20 @@ class MeshClient:
         kind: str = "float32",
         lane: int | None = None,
         truncate: bool = False,
+        prompt_name: str | None = None,
     ) -> ValidRequest:
         """Resolve ``model``, check the options, tokenize (live work first; all but the
         shortest queries on the tokenizer threads): the request ready to submit. ``lane``
-        None: chosen by size."""
+        None: chosen by size. ``prompt_name``: one of the model's sentence-transformers
+        prompts, put before every text (None: the model's default prompt, if it has one)."""
         texts = list(texts)
         if not texts:
             raise InvalidInput("no input given", param="input")
         info = self.resolve(model)
         output = output_options(info, dims, normalize, kind)
+        prompt = prompt_text(info, prompt_name)
+        if prompt:
+            texts = [prompt + t for t in texts]
         self._check_backlog(info, *text_floor(texts, lane))
         tok = await self.tokenizer(info)
         ids, lengths = await self.tokenizers.encode(tok, texts, truncate, guess_lane(texts, lane))
@@ -268,12 +274,15 @@ class MeshClient:
         lane: int | None = Lane.INTERACTIVE,
         timeout_s: float | None = None,
         truncate: bool = False,
+        prompt_name: str | None = None,
     ) -> EmbedResult:
         """Embed ``texts`` with ``model``; rows follow the input order. ``lane`` None: by
-        size (more than ``INTERACTIVE_MAX_TOKENS`` tokens go to the batch lane)."""
+        size (more than ``INTERACTIVE_MAX_TOKENS`` tokens go to the batch lane).
+        ``prompt_name``: as in :meth:`prepare_texts`."""
         request = await self.prepare_texts(
-            texts, model, dims=dims, normalize=normalize, kind=kind, lane=lane, truncate=truncate
-        )
+            texts, model, dims=dims, normalize=normalize, kind=kind, lane=lane, truncate=truncate,
+            prompt_name=prompt_name,
+        )  # fmt: skip
         return await self.submit(request, timeout_s)
 
     async def embed_tokens(

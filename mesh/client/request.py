@@ -86,6 +86,22 @@ def output_options(model: ModelInfo, dims: int | None, normalize: bool, kind: st
     return OutputOptions(dims=dims, normalize=normalize, kind=kind)
 
 
+def prompt_text(model: ModelInfo, prompt_name: str | None) -> str:
+    """The text put before each input text: the named prompt (``prompt_name``), else the
+    model's default prompt, else none. An unknown name is InvalidInput naming the prompts."""
+    name = model.default_prompt_name if prompt_name is None else prompt_name
+    if name is None:
+        return ""
+    text = model.prompts.get(name)
+    if text is None:
+        served = ", ".join(repr(p) for p in model.prompts) or "none"
+        raise InvalidInput(
+            f"unknown prompt_name {name!r} for model {model.name!r}; its prompts: {served}",
+            param="prompt_name",
+        )
+    return text
+
+
 def valid_tokens(
     model: ModelInfo,
     token_ids: np.ndarray,

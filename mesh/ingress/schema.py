@@ -8,6 +8,11 @@ client's front door (``mesh.client.request``), once the model is resolved. Statu
 ``priority`` (``"interactive"`` | ``"batch"``) picks the lane explicitly; so does the
 ``X-Embedmesh-Priority`` header (the body wins when both are given). Without either, the lane
 follows the request's size.
+
+``prompt_name`` (an extension, as TEI takes it) names one of the model's sentence-transformers
+prompts (``GET /v1/models/{model}`` lists them), whose text is put before every input text;
+without it the model's default prompt applies, if it has one. Token-id input is embedded as
+given: a ``prompt_name`` with it is a 422, as is a name the model does not have.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class EmbeddingsRequest:
     texts: list[str] | None = None
     token_ids: np.ndarray | None = None  # int64, all sequences concatenated
     offsets: np.ndarray | None = None  # int64, n + 1 entries
+    prompt_name: str | None = None  # one of the model's prompts; None: its default, if any
 
     @property
     def n_inputs(self) -> int:
@@ -68,11 +74,23 @@ def parse_embeddings_request(
         encoding_format=_encoding_format(doc.get("encoding_format")),
         dimensions=_dimensions(doc.get("dimensions")),
         lane=_lane(doc.get("priority"), priority_header),
+        prompt_name=_prompt_name(doc.get("prompt_name")),
     )
     if "input" not in doc:
         raise ApiError.invalid("'input' is required", "input")
     _parse_input(doc["input"], request, max_inputs)
+    if request.prompt_name is not None and request.texts is None:
+        raise ApiError.invalid(
+            "'prompt_name' applies to text input only; token ids are embedded as given",
+            "prompt_name",
+        )
     return request
+
+
+def _prompt_name(value: object) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ApiError.invalid("'prompt_name' must be a non-empty string", "prompt_name")
+    return value
 
 
 def _encoding_format(value: object) -> str:

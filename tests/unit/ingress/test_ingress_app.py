@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from mesh import errors
 from mesh.client import EmbedResult, MeshClient, ValidRequest
 from mesh.client.models import ModelBook
-from mesh.client.request import output_options, over_limit_message, valid_tokenized
+from mesh.client.request import output_options, over_limit_message, prompt_text, valid_tokenized
 from mesh.ingress.app import INTERACTIVE_MAX_TOKENS, create_app
 from mesh.ingress.config import IngressConfig
 from proto_msgs import BrokerStats, Lane, ModelInfo
@@ -23,6 +23,7 @@ from proto_msgs import BrokerStats, Lane, ModelInfo
 MODEL = ModelInfo(
     name="tiny", aliases=["org/tiny"], dims=8, max_input_tokens=16, vocab_size=100,
     pooling="mean", normalize=True, tokenizer_digest="d", workers=1,
+    prompts={"query": "query: find "},  # no default: texts go as they are unless one is named
 )  # fmt: skip
 
 
@@ -64,9 +65,10 @@ class FakeClient:
     prepare_tokens = MeshClient.prepare_tokens
 
     async def prepare_texts(self, texts, model, *, dims=None, normalize=True, kind="float32",
-                            lane=None, truncate=False) -> ValidRequest:  # fmt: skip
+                            lane=None, truncate=False, prompt_name=None) -> ValidRequest:  # fmt: skip
         info = self.resolve(model)
         output = output_options(info, dims, normalize, kind)
+        texts = [prompt_text(info, prompt_name) + t for t in texts]
         seqs = [[len(w) % 100 for w in t.split()] or [1] for t in texts]
         for i, seq in enumerate(seqs):
             if len(seq) > info.max_input_tokens and not truncate:
@@ -374,6 +376,36 @@ async def test_dimensions_over_the_width_are_422_naming_the_field(http: TestClie
         err = await error_of(resp)
         assert resp.status == 422 and err["param"] == "dimensions" and "8" in err["message"]
     assert not fake.calls
+
+
+async def test_a_prompt_name_puts_its_prompt_before_every_text(http: TestClient, fake) -> None:
+    body = {"model": "tiny", "input": ["a b", "a"], "prompt_name": "query"}
+    resp = await http.post("/v1/embeddings", json=body)
+    assert resp.status == 200
+    # The fake embeds a one-hot of the token count: two prompt words more each.
+    assert [int(np.argmax(d["embedding"])) for d in (await resp.json())["data"]] == [3, 2]
+
+
+async def test_an_unknown_prompt_name_is_422_naming_the_prompts(http: TestClient, fake) -> None:
+    body = {"model": "tiny", "input": "a", "prompt_name": "passage"}
+    resp = await http.post("/v1/embeddings", json=body)
+    err = await error_of(resp)
+    assert resp.status == 422 and err["param"] == "prompt_name"
+    assert "'passage'" in err["message"] and "'query'" in err["message"]
+    assert not fake.calls
+
+
+async def test_a_prompt_name_with_token_ids_is_422(http: TestClient, fake) -> None:
+    body = {"model": "tiny", "input": [[1, 2]], "prompt_name": "query"}
+    resp = await http.post("/v1/embeddings", json=body)
+    err = await error_of(resp)
+    assert resp.status == 422 and err["param"] == "prompt_name" and "token ids" in err["message"]
+    assert not fake.calls
+
+
+async def test_the_model_card_lists_its_prompts(http: TestClient) -> None:
+    card = await (await http.get("/v1/models/tiny")).json()
+    assert card["prompts"] == {"query": "query: find "} and card["default_prompt_name"] is None
 
 
 async def test_token_ids_outside_the_vocabulary_are_422(http: TestClient, fake) -> None:

@@ -157,3 +157,20 @@ def test_a_bad_priority_header_is_422_naming_the_header() -> None:
     err = info.value
     assert err.status == 422 and err.param == "X-Embedmesh-Priority"
     assert "interactive, batch" in err.message and "'soon'" in err.message
+
+
+def test_prompt_name_is_read_for_text_input() -> None:
+    assert parse({"model": "m", "input": "hi", "prompt_name": "query"}).prompt_name == "query"
+    assert parse({"model": "m", "input": "hi"}).prompt_name is None
+
+
+@pytest.mark.parametrize("value", [3, "", ["query"], True])
+def test_a_prompt_name_that_is_not_a_name_is_422(value: object) -> None:
+    err = refused({"model": "m", "input": "hi", "prompt_name": value})
+    assert err.status == 422 and err.param == "prompt_name"
+
+
+@pytest.mark.parametrize("inp", [[1, 2, 3], [[1, 2], [3]]])
+def test_a_prompt_name_with_token_ids_is_422(inp: object) -> None:
+    err = refused({"model": "m", "input": inp, "prompt_name": "query"})
+    assert err.status == 422 and err.param == "prompt_name" and "token ids" in err.message
