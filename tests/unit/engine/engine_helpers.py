@@ -54,3 +54,54 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
 def random_seqs(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
     gen = np.random.default_rng(seed)
     return [gen.integers(0, vocab, size=n).tolist() for n in lengths]
+
+
+POOLING_FLAGS = {
+    "mean": "pooling_mode_mean_tokens",
+    "cls": "pooling_mode_cls_token",
+    "last": "pooling_mode_lasttoken",
+}
+
+
+def save_model_dir(
+    model: torch.nn.Module,
+    path: Path,
+    vocab_size: int,
+    pooling: str | None = None,
+    config_changes: dict | None = None,
+    **save_kw,
+) -> Path:
+    """A transformers model saved as a model directory the engine loads: safetensors, a
+    word-level tokenizer, optionally a sentence-transformers pooling config and edits to
+    config.json (options the engine must refuse, flags transformers does not write)."""
+    model.save_pretrained(path, safe_serialization=True, **save_kw)
+    if config_changes:
+        config = json.loads((path / "config.json").read_text())
+        config.update(config_changes)
+        (path / "config.json").write_text(json.dumps(config))
+    write_word_tokenizer(path, vocab_size)
+    if pooling is not None:
+        (path / "1_Pooling").mkdir()
+        flags = {POOLING_FLAGS[pooling]: True}
+        (path / "1_Pooling" / "config.json").write_text(json.dumps(flags))
+    return path
+
+
+def reference_pooled(
+    model: torch.nn.Module, seqs: list[list[int]], pooling: str, **forward_kw
+) -> torch.Tensor:
+    """transformers' last hidden state of each sequence alone (no padding to mask), pooled
+    as sentence-transformers would: ``float32 [n, H]``."""
+    out = []
+    with torch.no_grad():
+        for seq in seqs:
+            hidden = model(input_ids=torch.tensor([seq]), **forward_kw).last_hidden_state[0]
+            pooled = {"mean": hidden.mean(0), "cls": hidden[0], "last": hidden[-1]}[pooling]
+            out.append(pooled.float())
+    return torch.stack(out)
+
+
+def assert_matches_reference(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    """Equal to the fp32 reference: cosine 0.99999 per sequence and 1e-4 elementwise."""
+    assert cosines(ours, ref).min() >= 0.99999
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)

@@ -47,6 +47,7 @@ FAMILIES: tuple[FamilySpec, ...] = (
         ("xlm-roberta", "roberta"),
         "xlm_roberta",
         "XLMRobertaEncoder",
+        # XLMRobertaModel: none; *ForMaskedLM & co: "roberta.".
         ("0.auto_model.", "roberta."),
         positions="after_pad",
     ),
