@@ -5,12 +5,14 @@ LangChain's and LlamaIndex's TEI integrations, raw HTTP) work unchanged.
 - ``POST /`` and ``POST /embed``: ``inputs`` (a string, a list of token ids, or a list of
   either kind; one kind per request), ``normalize`` (true), ``truncate`` (the server's
   ``--auto-truncate`` when absent, as TEI), ``truncation_direction`` (``"Right"`` | ``"Left"``),
-  ``dimensions`` (Matryoshka); the answer is a bare list of float lists. ``prompt_name`` is
-  refused (422) for now.
+  ``dimensions`` (Matryoshka), ``prompt_name`` (one of the model's sentence-transformers
+  prompts; without it the model's default prompt applies, as in TEI; not with token ids); the
+  answer is a bare list of float lists.
 - ``POST /tokenize``: ``inputs`` (a string or a list), ``add_special_tokens`` (true); per input
   a list of ``{id, text, special, start, stop}``, ``start``/``stop`` being UTF-8 **byte**
-  offsets into the input as TEI reports them (null for special tokens). Not truncated; an input
-  over ``max_input_length × 250`` characters is refused (422), as TEI does.
+  offsets into the input as TEI reports them (null for special tokens); with a prompt (named in
+  ``prompt_name`` or the model's default) the input is the prompted text, as in TEI. Not
+  truncated; an input over ``max_input_length × 250`` characters is refused (422), as TEI does.
 - ``POST /decode``: ``ids`` (a list of ids or a list of such lists), ``skip_special_tokens``
   (true); always a list of strings, as TEI.
 - ``GET /info``: TEI's ``Info`` fields, from the model's catalog entry and this ingress's
@@ -43,6 +45,7 @@ import orjson
 from aiohttp import web
 
 from mesh.client import EmbedResult, ValidRequest
+from mesh.client.request import prompt_text
 from mesh.config import MAX_BATCH_REQUESTS, MAX_BATCH_TOKENS_CPU
 from mesh.errors import InvalidInput, ModelNotFound, Unavailable
 from mesh.ingress.encodings import render_vectors_sliced
@@ -168,11 +171,15 @@ async def _front_door(
     inputs = req.inputs
     left = truncate and req.direction == "left"
     if inputs.texts is not None and not left:
-        return await client.prepare_texts(inputs.texts, info.name, **options)
+        return await client.prepare_texts(
+            inputs.texts, info.name, prompt_name=req.prompt_name, **options
+        )
     if inputs.texts is not None:
+        prompt = prompt_text(info, req.prompt_name)
+        texts = [prompt + text for text in inputs.texts] if prompt else inputs.texts
         tok = await client.tokenizer(info)
         ids, offsets = await off_loop(
-            inputs.chars, encode_left, copies.left(tok), inputs.texts, tok.cut_chars
+            inputs.chars, encode_left, copies.left(tok), texts, tok.cut_chars
         )
     else:
         assert inputs.token_ids is not None and inputs.offsets is not None
@@ -194,10 +201,13 @@ async def _tokenize(request: web.Request) -> web.Response:
                 f"inputs[{i}] must have less than {limit} characters. Given: {len(text)}",
                 param="inputs",
             )
+    # As TEI: the prompt goes before each text, and offsets count in the prompted text.
+    prompt = prompt_text(info, req.prompt_name)
+    texts = [prompt + text for text in req.texts] if prompt else req.texts
     tok = request.app[_TOKENIZERS].plain(await state.client.tokenizer(info))
-    chars = sum(map(len, req.texts))
+    chars = sum(map(len, texts))
     body = await off_loop(
-        chars, lambda: orjson.dumps(token_objects(tok, req.texts, req.add_special_tokens))
+        chars, lambda: orjson.dumps(token_objects(tok, texts, req.add_special_tokens))
     )
     return web.Response(body=body, content_type="application/json")
 

@@ -6,7 +6,9 @@ The shapes are TEI's (``router/src/http/types.rs``): ``inputs`` is a string, a l
 ids, or a list of either; unknown fields are ignored, as serde does. Errors are ``ApiError``s
 rendered in TEI's shape by ``http_errors``: an empty ``inputs`` (list, string or id list) is
 TEI's 400 ``Empty``, a wrong value 422 ``Validation``, more inputs than ``--max-inputs`` (TEI's
-``max_client_batch_size``) 413.
+``max_client_batch_size``) 413. ``prompt_name`` names one of the model's sentence-transformers
+prompts, checked by the front door (without it the model's default prompt applies, as in TEI);
+with token-id input it is a 422 (TEI decodes and re-tokenizes the ids, we embed them as given).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from mesh.ingress.schema import json_type
 MAX_TOKEN_ID = 2**32 - 1
 # serde accepts the variant's name and these aliases.
 DIRECTIONS = {"Right": "right", "right": "right", "Left": "left", "left": "left"}
-PROMPT_NAME_UNSUPPORTED = "prompt_name is not supported yet"
 
 
 @dataclass
@@ -57,12 +58,14 @@ class EmbedRequest:
     truncate: bool | None = None  # None: the server's --auto-truncate, as TEI
     direction: str = "right"  # "right" | "left"
     dimensions: int | None = None
+    prompt_name: str | None = None  # one of the model's prompts; None: its default, if any
 
 
 @dataclass
 class TokenizeRequest:
     texts: list[str]
     add_special_tokens: bool = True
+    prompt_name: str | None = None
 
 
 @dataclass
@@ -73,22 +76,27 @@ class DecodeRequest:
 
 def parse_embed_request(body: bytes, max_inputs: int) -> EmbedRequest:
     doc = _object(body)
-    _no_prompt_name(doc)
     dimensions = doc.get("dimensions")
     if dimensions is not None and (type(dimensions) is not int or dimensions < 1):
         raise ApiError.invalid("'dimensions' must be a positive integer", "dimensions")
-    return EmbedRequest(
+    request = EmbedRequest(
         inputs=_inputs(doc, max_inputs),
         normalize=_flag(doc, "normalize", True),
         truncate=_optional_flag(doc, "truncate"),
         direction=_direction(doc.get("truncation_direction")),
         dimensions=dimensions,
+        prompt_name=_prompt_name(doc),
     )
+    if request.prompt_name is not None and request.inputs.texts is None:
+        raise ApiError.invalid(
+            "'prompt_name' applies to text input only; token ids are embedded as given",
+            "prompt_name",
+        )
+    return request
 
 
 def parse_tokenize_request(body: bytes, max_inputs: int) -> TokenizeRequest:
     doc = _object(body)
-    _no_prompt_name(doc)
     value = _required(doc, "inputs")
     if isinstance(value, str):
         texts = [value]
@@ -97,7 +105,7 @@ def parse_tokenize_request(body: bytes, max_inputs: int) -> TokenizeRequest:
     else:
         raise ApiError.invalid("'inputs' must be a string or a list of strings", "inputs")
     _not_empty_texts(texts)
-    return TokenizeRequest(texts, _flag(doc, "add_special_tokens", True))
+    return TokenizeRequest(texts, _flag(doc, "add_special_tokens", True), _prompt_name(doc))
 
 
 def parse_decode_request(body: bytes, max_inputs: int) -> DecodeRequest:
@@ -135,9 +143,11 @@ def _required(doc: dict[str, object], name: str) -> object:
     return doc[name]
 
 
-def _no_prompt_name(doc: dict[str, object]) -> None:
-    if doc.get("prompt_name") is not None:
-        raise ApiError.invalid(PROMPT_NAME_UNSUPPORTED, "prompt_name")
+def _prompt_name(doc: dict[str, object]) -> str | None:
+    value = doc.get("prompt_name")
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ApiError.invalid("'prompt_name' must be a non-empty string", "prompt_name")
+    return value
 
 
 def _flag(doc: dict[str, object], name: str, default: bool) -> bool:

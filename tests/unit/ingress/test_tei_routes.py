@@ -189,6 +189,23 @@ async def test_tokenize_and_decode(http: TestClient) -> None:
     assert resp.status == 422 and "characters" in (await resp.json())["error"]
 
 
+async def test_prompt_name_goes_before_the_texts(http: TestClient, fake) -> None:
+    await http.post("/embed", json={"inputs": "a b"})
+    plain = fake.calls[-1]["request"].token_ids.tolist()
+    assert (await http.post("/embed", json={"inputs": "a b", "prompt_name": "query"})).ok
+    assert fake.calls[-1]["request"].token_ids.tolist() == [6, 4, *plain]  # "query:", "find"
+    resp = await http.post("/embed", json={"inputs": "a", "prompt_name": "passage"})
+    doc = await resp.json()
+    assert resp.status == 422 and doc["error_type"] == "Validation" and "'query'" in doc["error"]
+
+
+async def test_tokenize_offsets_count_in_the_prompted_text(http: TestClient) -> None:
+    resp = await http.post("/tokenize", json={"inputs": "hello", "prompt_name": "query"})
+    (tokens,) = await resp.json()
+    assert [t["text"] for t in tokens] == ["[CLS]", "query", ":", "find", "hello", "[SEP]"]
+    assert (tokens[4]["start"], tokens[4]["stop"]) == (12, 17)
+
+
 async def test_api_key_guards_tei_routes_but_not_health(fake) -> None:
     http = await serve(fake, api_key="k")
     for method, path, body in [("POST", "/", {"inputs": "a"}), ("POST", "/embed", {}),

@@ -8,7 +8,6 @@ import pytest
 
 from mesh.ingress.http_errors import TEI, ApiError, error_response, tei_status
 from mesh.ingress.tei_schema import (
-    PROMPT_NAME_UNSUPPORTED,
     parse_decode_request,
     parse_embed_request,
     parse_tokenize_request,
@@ -87,11 +86,19 @@ def test_bad_values_are_422_validation(doc: dict) -> None:
     assert (status, error_type) == (422, "Validation")
 
 
-def test_prompt_name_is_refused_for_now() -> None:
+def test_prompt_name_is_read_for_texts_and_refused_with_token_ids() -> None:
+    assert parse_embed_request(body({"inputs": "a", "prompt_name": "query"}), 8).prompt_name == (
+        "query"
+    )
+    assert parse_embed_request(body({"inputs": "a", "prompt_name": None}), 8).prompt_name is None
+    req = parse_tokenize_request(body({"inputs": "a", "prompt_name": "query"}), 8)
+    assert req.prompt_name == "query"
+    status, error_type, message = refused(parse_embed_request, {"inputs": [1, 2],
+                                                                "prompt_name": "query"})  # fmt: skip
+    assert (status, error_type) == (422, "Validation") and "text input only" in message
     for parse in (parse_embed_request, parse_tokenize_request):
-        status, error_type, message = refused(parse, {"inputs": "a", "prompt_name": "query"})
-        assert (status, error_type, message) == (422, "Validation", PROMPT_NAME_UNSUPPORTED)
-    assert parse_embed_request(body({"inputs": "a", "prompt_name": None}), 8)
+        assert refused(parse, {"inputs": "a", "prompt_name": ""})[:2] == (422, "Validation")
+        assert refused(parse, {"inputs": "a", "prompt_name": 3})[:2] == (422, "Validation")
 
 
 def test_more_inputs_than_the_client_batch_size_is_413() -> None:
