@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from mesh import errors
 from mesh.client import EmbedResult, MeshClient, ValidRequest
+from mesh.client.admission import check_backlog
 from mesh.client.models import ModelBook
 from mesh.client.request import output_options, over_limit_message, prompt_text, valid_tokenized
 from mesh.ingress.app import INTERACTIVE_MAX_TOKENS, create_app
@@ -63,6 +64,10 @@ class FakeClient:
     # validation of token ids), so these tests check the ingress against what the client does.
     resolve = MeshClient.resolve
     prepare_tokens = MeshClient.prepare_tokens
+
+    def _check_backlog(self, model: ModelInfo, lane: int, tokens: int) -> None:
+        # The real admission rule over the fake brokers' stats (no backlog: never refuses).
+        check_backlog([b.stats for b in self.brokers], model.name, lane, tokens, 120.0)
 
     async def prepare_texts(self, texts, model, *, dims=None, normalize=True, kind="float32",
                             lane=None, truncate=False, prompt_name=None) -> ValidRequest:  # fmt: skip
