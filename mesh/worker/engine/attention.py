@@ -15,6 +15,12 @@ the only seam between the CPU path and the GPU path:
   Tokens of one sequence attend only to tokens of the same sequence (and, when causal, to
   those not after themselves).
 
+A backend with ``takes_masks`` also takes ``run(q, k, v, bias=..., window=...)``: an additive
+relative-position ``bias`` ``[Hq, L, L]`` of which each sequence adds its top-left
+``[Hq, l, l]`` to the scaled scores (MPNet), and a sliding ``window`` (a token sees keys at
+most ``window`` positions away; ModernBERT's local layers). Only the SDPA backends take
+them; the models that need them say so (``needs_masks``) and run on one.
+
 A FlashInfer backend (GPU) implements the same two calls; it must keep ``plan`` free of
 device-to-host syncs after the first call per token bucket so that CUDA graphs can be
 captured around ``run``. This module never imports flashinfer.
@@ -39,7 +45,8 @@ class AttentionBackend(Protocol):
 
 
 class SdpaPerSequence:
-    """CPU backend: one ``scaled_dot_product_attention`` call per sequence.
+    """CPU backend: one ``scaled_dot_product_attention`` call per sequence (also the CUDA
+    backend of the models that need masks, eagerly: see ``gpu.GpuRunner``).
 
     Chosen over :class:`SdpaBucketed` (block-diagonal masks over length-sorted groups) by
     measurement: 2 torch threads, all-MiniLM-L6-v2 fp32, 8192-token batches of shuffled
@@ -49,6 +56,8 @@ class SdpaPerSequence:
     sequences costs less than gathering into padded groups and scattering back, and no
     work is spent on padding. Attention is ~16 % of the forward at these lengths; GEMMs are ~70 %.
     """
+
+    takes_masks = True
 
     def __init__(self) -> None:
         self._bounds: list[tuple[int, int]] = []
@@ -62,22 +71,56 @@ class SdpaPerSequence:
         self._causal = causal
         self._scale = scale
 
-    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        window: int | None = None,
+    ) -> torch.Tensor:
         out = torch.empty_like(q)
         gqa = q.shape[1] != k.shape[1]
         for start, end in self._bounds:
+            mask = sequence_mask(end - start, self._causal, bias, window, q.device)
             # [L, H, D] -> [1, H, L, D], strides only. 4-D, because CPU SDPA only takes its
             # fused (flash) kernel for 4-D inputs; 3-D falls back to the slower math path.
             o = F.scaled_dot_product_attention(
                 q[start:end].transpose(0, 1)[None],
                 k[start:end].transpose(0, 1)[None],
                 v[start:end].transpose(0, 1)[None],
-                is_causal=self._causal,
+                attn_mask=mask,
+                is_causal=self._causal and mask is None,
                 scale=self._scale,
                 enable_gqa=gqa,
             )
             out[start:end] = o[0].transpose(0, 1)
         return out
+
+
+def sequence_mask(
+    n: int,
+    causal: bool,
+    bias: torch.Tensor | None,
+    window: int | None,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """SDPA's ``attn_mask`` for one sequence of ``n`` tokens: None when ``is_causal`` (or
+    nothing) says it all, a boolean ``[1, 1, n, n]`` for a window, a float ``[1, H, n, n]``
+    with a bias (the causal and window limits as -inf in it)."""
+    allowed = None
+    if window is not None and n - 1 > window:
+        i = torch.arange(n, device=device)
+        allowed = (i[:, None] - i[None, :]).abs() <= window
+    if causal and (allowed is not None or bias is not None):
+        tril = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        allowed = tril if allowed is None else allowed & tril
+    if bias is None:
+        return None if allowed is None else allowed[None, None]
+    scores = bias[:, :n, :n]
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores[None]
 
 
 class SdpaBucketed:

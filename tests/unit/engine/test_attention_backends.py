@@ -53,3 +53,35 @@ def test_pooling_over_packed_tokens() -> None:
     assert pool(hidden, cu, "last").tolist() == [[2, 3], [4, 5], [10, 11]]
     assert pool(hidden, cu, "mean").tolist() == [[1, 2], [4, 5], [8, 9]]
     assert pool(hidden, cu, "mean").dtype == torch.float32
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("masks", ["bias", "window", "both"])
+def test_the_per_sequence_backend_adds_a_relative_bias_and_limits_a_window(
+    causal: bool, masks: str
+) -> None:
+    gen = torch.Generator().manual_seed(7)
+    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32)
+    total, longest, window = int(cu[-1]), max(LENGTHS), 4
+    q, k, v = (torch.randn(total, 4, 16, generator=gen) for _ in range(3))
+    # Relative: bias[h, i, j] depends on j - i only, so a sequence's is the top-left block.
+    rel = torch.randn(4, 2 * longest - 1, generator=gen)
+    i = torch.arange(longest)
+    bias = rel[:, (i[None, :] - i[:, None]) + longest - 1]
+    use_bias, use_window = masks in ("bias", "both"), masks in ("window", "both")
+    attn = SdpaPerSequence()
+    attn.plan(cu, causal)
+    ours = attn.run(q, k, v, bias=bias if use_bias else None, window=window if use_window else None)
+    seg = segment_ids(cu, total)
+    pos = positions(cu, total)
+    allowed = seg[:, None] == seg[None, :]
+    if causal:
+        allowed &= pos[:, None] >= pos[None, :]
+    if use_window:
+        allowed &= (pos[:, None] - pos[None, :]).abs() <= window
+    scores = torch.einsum("qhd,khd->hqk", q, k) / 16**0.5
+    if use_bias:
+        scores = scores + bias[:, pos[:, None], pos[None, :]]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    ref = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+    torch.testing.assert_close(ours, ref)

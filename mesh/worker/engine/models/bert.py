@@ -84,6 +84,8 @@ class BertEncoder(nn.Module):
     # Whether attention needs a bias or window that FlashInfer's ragged prefill cannot take
     # (gpu.GpuRunner then runs torch SDPA, eagerly).
     needs_masks = False
+    layer_names = BertLayer.NAMES
+    token_types = True  # MPNet has no token type embeddings
 
     def __init__(
         self,
@@ -106,13 +108,16 @@ class BertEncoder(nn.Module):
         self.register_buffer("word", w("embeddings.word_embeddings.weight"))
         self.register_buffer("pos", w("embeddings.position_embeddings.weight"))
         # Token type is always 0 for single-text embedding: fold its row in once.
-        self.register_buffer("type0", w("embeddings.token_type_embeddings.weight")[0])
+        types = w("embeddings.token_type_embeddings.weight") if self.token_types else None
+        self.register_buffer("type0", None if types is None else types[0])
         self.register_buffer("ln_w", w("embeddings.LayerNorm.weight"))
         self.register_buffer("ln_b", w("embeddings.LayerNorm.bias"))
         self.layers = nn.ModuleList(
-            BertLayer(w.under(f"encoder.layer.{i}."), self.num_heads, self.eps)
+            BertLayer(w.under(f"encoder.layer.{i}."), self.num_heads, self.eps, self.layer_names)
             for i in range(int(config["num_hidden_layers"]))
         )
+        # MPNet's relative position bias [heads, L, L]; None for absolute positions only.
+        self.register_buffer("rel_bias", None)
         self.kernels = "torch"
         self._after: PostLn = post_ln
 
@@ -143,7 +148,9 @@ class BertEncoder(nn.Module):
         return positions
 
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.word[ids] + self.pos[self.position_ids(ids, positions)] + self.type0
+        x = self.word[ids] + self.pos[self.position_ids(ids, positions)]
+        if self.type0 is not None:
+            x = x + self.type0
         return F.layer_norm(x, (self.hidden,), self.ln_w, self.ln_b, self.eps)
 
     def forward(
@@ -151,5 +158,5 @@ class BertEncoder(nn.Module):
     ) -> torch.Tensor:
         x = self.embed(ids, positions)
         for layer in self.layers:
-            x = layer(x, attn, self._after)
+            x = layer(x, attn, self._after, self.rel_bias)
         return x

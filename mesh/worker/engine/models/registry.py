@@ -51,6 +51,15 @@ FAMILIES: tuple[FamilySpec, ...] = (
         ("0.auto_model.", "roberta."),
         positions="after_pad",
     ),
+    # MPNetModel: none; MPNetForMaskedLM & co: "mpnet.".
+    FamilySpec(
+        "mpnet",
+        ("mpnet",),
+        "mpnet",
+        "MPNetEncoder",
+        ("0.auto_model.", "mpnet."),
+        positions="after_pad",
+    ),
     # Qwen3Model: none; Qwen3ForCausalLM: "model." (lm_head is never asked for).
     FamilySpec("qwen3", ("qwen3",), "decoder", "Qwen3Embedder", ("model.",), True, "rotary"),
 )
