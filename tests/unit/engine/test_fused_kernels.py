@@ -229,9 +229,9 @@ def test_tanh_gelu_is_within_the_documented_error_of_erf_gelu() -> None:
     assert err.max().item() < 2**-6 / 30
 
 
-def _qwen3_dir(path: Path) -> Path:
+def _qwen3_dir(path: Path, kind: str = "Qwen3") -> Path:
     transformers = pytest.importorskip("transformers")
-    config = transformers.Qwen3Config(
+    config = getattr(transformers, f"{kind}Config")(
         vocab_size=300,
         hidden_size=64,
         intermediate_size=96,
@@ -243,7 +243,7 @@ def _qwen3_dir(path: Path) -> Path:
         max_position_embeddings=512,
     )
     torch.manual_seed(0)
-    model = transformers.Qwen3Model(config).eval()
+    model = getattr(transformers, f"{kind}Model")(config).eval()
     randomize(model, seed=21)
     model.save_pretrained(path, safe_serialization=True)
     write_word_tokenizer(path, 300)
@@ -272,17 +272,21 @@ LENGTHS = [1, 9, 64, 3, 130, 17]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("family", ["qwen3", "bert"])
+@pytest.mark.parametrize("family", ["qwen3", "bert", "qwen2"])
 def test_whole_model_through_the_fused_path_matches_the_plain_path(
     kernels, tmp_path: Path, monkeypatch, family: str, dtype: torch.dtype
 ) -> None:
-    path = (_qwen3_dir if family == "qwen3" else _bert_dir)(tmp_path / family)
+    # Qwen2 (no q/k norm): the fused norms and SwiGLU with RoPE in torch.
+    if family == "bert":
+        path = _bert_dir(tmp_path / family)
+    else:
+        path = _qwen3_dir(tmp_path / family, "Qwen3" if family == "qwen3" else "Qwen2")
     seqs = random_seqs(300, LENGTHS, seed=23)
     plain = Engine.load(path, dtype=dtype).embed(*pack(seqs))
     engine = Engine.load(path, dtype=dtype)
     assert engine.kernels == "torch"
     engine.model.use_kernels("fused")  # Engine.load refuses "fused" on CPU; the model can
-    norm = "add_rms_norm" if family == "qwen3" else "add_layer_norm"
+    norm = "add_layer_norm" if family == "bert" else "add_rms_norm"
     calls = []
     real = getattr(kernels, norm)
 
@@ -294,7 +298,7 @@ def test_whole_model_through_the_fused_path_matches_the_plain_path(
     ours = engine.embed(*pack(seqs))
     layers = len(engine.model.layers)
     # Qwen3: the first input norm, then two per layer (post-attention, next/final norm).
-    assert len(calls) == (2 * layers + 1 if family == "qwen3" else 2 * layers)
+    assert len(calls) == (2 * layers if family == "bert" else 2 * layers + 1)
     floor = 0.9999 if dtype == torch.float32 else 0.999
     assert cosines(ours, plain).min() >= floor
     if dtype == torch.float32:

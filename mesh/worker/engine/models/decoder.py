@@ -211,7 +211,8 @@ class DecoderEmbedder(nn.Module):
     @classmethod
     def check_supported(cls, config: dict[str, Any]) -> None:
         check_default_rope(rope_parameters(config), cls.family)
-        if config.get("use_sliding_window"):
+        sliding = "sliding_attention" in (config.get("layer_types") or ())
+        if config.get("use_sliding_window") or (sliding and cls.family != "mistral"):
             raise NotImplementedError(f"{cls.family}: sliding-window attention is not supported")
         act = config.get("hidden_act", "silu")
         if activation(act, cls.family) is not F.silu:
@@ -251,3 +252,19 @@ class DecoderEmbedder(nn.Module):
 class Qwen3Embedder(DecoderEmbedder):
     family = "qwen3"
     qk_norm = True
+
+
+class Qwen2Embedder(DecoderEmbedder):
+    """Qwen2 (gte-Qwen2, stella): q/k/v biases, no q/k norm."""
+
+    family = "qwen2"
+    qk_norm = False
+
+
+class MistralEmbedder(DecoderEmbedder):
+    """Mistral (e5-mistral, SFR-Embedding-Mistral): no biases, no q/k norm; every layer's
+    sliding window (which ``MistralModel`` applies whatever ``layer_types`` says) never
+    binds, because the card caps an input at its width."""
+
+    family = "mistral"
+    qk_norm = False

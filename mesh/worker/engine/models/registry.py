@@ -62,6 +62,17 @@ FAMILIES: tuple[FamilySpec, ...] = (
     ),
     # Qwen3Model: none; Qwen3ForCausalLM: "model." (lm_head is never asked for).
     FamilySpec("qwen3", ("qwen3",), "decoder", "Qwen3Embedder", ("model.",), True, "rotary"),
+    FamilySpec("qwen2", ("qwen2",), "decoder", "Qwen2Embedder", ("model.",), True, "rotary"),
+    FamilySpec(
+        "mistral",
+        ("mistral",),
+        "decoder",
+        "MistralEmbedder",
+        ("model.",),
+        True,
+        "rotary",
+        window_bounds_input=True,
+    ),
 )
 
 _BY_MODEL_TYPE: dict[str, FamilySpec] = {t: f for f in FAMILIES for t in f.model_types}
