@@ -141,6 +141,7 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         tokenizer_digest=card.tokenizer_digest,
         prompts=dict(card.prompts),
         default_prompt_name=card.default_prompt_name,
+        include_prompt=card.include_prompt,
     )
     options = WorkerOptions(
         name=f"{socket.gethostname()}:{cfg.device}",

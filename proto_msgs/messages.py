@@ -39,17 +39,23 @@ class Lane(IntEnum):
 
 @dataclass
 class OutputOptions:
-    """What the worker does after pooling: Matryoshka prefix, L2 normalization, quantization."""
+    """What the worker does after pooling: Matryoshka prefix, L2 normalization, quantization;
+    and what it leaves out of the pooling."""
 
     dims: int | None = None  # None = the model's full width
     normalize: bool = True
     kind: str = "float32"  # one of OUTPUT_KINDS
+    # Leading tokens of each sequence left out of the pooling: the prompt's, for a model whose
+    # pooling excludes it (ModelInfo.include_prompt false); each sequence is longer.
+    pool_skip: int = 0
 
     def check(self, where: str) -> None:
         if self.kind not in OUTPUT_KINDS:
             raise ProtocolError(f"{where}: unknown output kind {self.kind!r}")
         if self.dims is not None and not 1 <= self.dims <= limits.MAX_DIMS:
             raise ProtocolError(f"{where}: dims out of range")
+        if not 0 <= self.pool_skip <= limits.MAX_TOKENS:
+            raise ProtocolError(f"{where}: pool_skip out of range")
 
 
 @dataclass
@@ -69,6 +75,9 @@ class ModelInfo:
     # (config_sentence_transformers.json); a request picks one by name.
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None  # the prompt of a text request that names none
+    # False: the pooling leaves a prompt's tokens out (sentence-transformers include_prompt),
+    # so a request with a prompt says how many (OutputOptions.pool_skip).
+    include_prompt: bool = True
 
 
 @dataclass

@@ -39,14 +39,15 @@ class BatchPlan:
         ]
 
 
-def _options_key(opt: OutputOptions) -> tuple[int | None, bool, str]:
-    return (opt.dims, opt.normalize, opt.kind)
+def _options_key(opt: OutputOptions) -> tuple[int | None, bool, str, int]:
+    # pool_skip too: requests with other prompts are pooled differently, so never one group.
+    return (opt.dims, opt.normalize, opt.kind, opt.pool_skip)
 
 
 def plan_batch(batch_id: int, model: str, slices: list[Slice], timeout_s: float) -> BatchPlan:
     """Concatenate the token ids of ``slices`` (whose payloads are SubmitRequests)."""
     outputs: list[OutputOptions] = []
-    group_of: dict[tuple[int | None, bool, str], int] = {}
+    group_of: dict[tuple[int | None, bool, str, int], int] = {}
     groups: list[int] = []
     rows: list[int] = []
     next_row: list[int] = []

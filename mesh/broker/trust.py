@@ -25,6 +25,7 @@ CARD_FIELDS = (
     "tokenizer_digest",
     "prompts",  # the ingress puts them before the texts: other prompts, other vectors
     "default_prompt_name",
+    "include_prompt",
 )
 
 
@@ -37,6 +38,11 @@ def submit_problem(msg: SubmitRequest, info: ModelInfo, lengths: np.ndarray) -> 
     dims = msg.output.dims
     if dims is not None and dims > info.dims:
         return f"dimensions {dims} is over the model's {info.dims}; ask for at most {info.dims}"
+    skip = msg.output.pool_skip
+    if skip and info.include_prompt:
+        return "pool_skip is for models whose pooling leaves the prompt out; this one pools it"
+    if skip and int(lengths.min()) <= skip:
+        return f"pool_skip {skip} leaves no token of a sequence to pool"
     longest = int(lengths.max())
     if longest > info.max_input_tokens:
         return (

@@ -32,6 +32,7 @@ from mesh.client.request import (
     ValidRequest,
     guess_lane,
     output_options,
+    prompt_skip,
     prompt_text,
     valid_tokenized,
     valid_tokens,
@@ -193,6 +194,8 @@ class MeshClient:
         self._check_backlog(info, *text_floor(texts, lane))
         tok = await self.tokenizer(info)
         ids, lengths = await self.tokenizers.encode(tok, texts, truncate, guess_lane(texts, lane))
+        if prompt and not info.include_prompt:
+            output = prompt_skip(info, output, tok.prompt_length(prompt), lengths)
         return valid_tokenized(info, ids, lengths, output, lane)
 
     def prepare_tokens(

@@ -13,6 +13,7 @@ construction, so only the options are checked).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,6 +101,21 @@ def prompt_text(model: ModelInfo, prompt_name: str | None) -> str:
             param="prompt_name",
         )
     return text
+
+
+def prompt_skip(
+    model: ModelInfo, output: OutputOptions, skip: int, lengths: np.ndarray
+) -> OutputOptions:
+    """``output`` leaving the prompt's ``skip`` tokens out of the pooling (a model whose
+    pooling excludes the prompt); InvalidInput when the limit left an input nothing else."""
+    short = np.flatnonzero(lengths <= skip)
+    if short.size:
+        raise InvalidInput(
+            f"input[{int(short[0])}] keeps no token after the prompt's {skip} within the "
+            f"{model.max_input_tokens}-token limit of model {model.name!r}",
+            param="input",
+        )
+    return dataclasses.replace(output, pool_skip=skip)
 
 
 def valid_tokens(

@@ -67,6 +67,20 @@ class ModelTokenizer:
         self._tok.enable_truncation(model.max_input_tokens)
         longest = max(map(len, self._tok.get_vocab(with_added_tokens=True)), default=1)
         self.cut_chars = (model.max_input_tokens + 1) * min(longest, MAX_CHARS_PER_TOKEN)
+        self._prompt_lengths: dict[str, int] = {}
+
+    def prompt_length(self, prompt: str) -> int:
+        """How many leading tokens of a text with ``prompt`` before it are the prompt's, as
+        sentence-transformers counts them to leave them out of the pooling: the prompt
+        tokenized alone, less its last token when that is a special one (the [SEP] or EOS
+        that ends the prompt alone, not the text it is put before)."""
+        length = self._prompt_lengths.get(prompt)
+        if length is None:
+            ids = self._tok.encode_batch([prompt])[0].ids
+            decoder = self._tok.get_added_tokens_decoder()
+            special = bool(ids) and decoder.get(ids[-1]) is not None and decoder[ids[-1]].special
+            length = self._prompt_lengths[prompt] = len(ids) - special
+        return length
 
     @property
     def tokenizer(self) -> Tokenizer:

@@ -85,7 +85,7 @@ class ResultPipeline:
         engine refuses (a client error) and anything else for an engine failure."""
         started = time.perf_counter()
         with torch.inference_mode():
-            pooled = self.engine.embed(batch.token_ids, batch.offsets)  # type: ignore[attr-defined]
+            pooled = self._embed(batch)
             outputs = []
             for g, out in enumerate(batch.outputs):
                 if len(batch.outputs) == 1:
@@ -114,6 +114,14 @@ class ResultPipeline:
                 self._release(slot)
                 raise
         return Launched(batch.batch_id, started, host, done, slot, outputs)
+
+    def _embed(self, batch: BatchAssign) -> torch.Tensor:
+        skips = [out.pool_skip for out in batch.outputs]
+        if not any(skips):
+            return self.engine.embed(batch.token_ids, batch.offsets)  # type: ignore[attr-defined]
+        # Per sequence, the prompt tokens its group's requests leave out of the pooling.
+        skip = np.asarray(skips, dtype=np.int64)[batch.output_index]
+        return self.engine.embed(batch.token_ids, batch.offsets, skip)  # type: ignore[attr-defined]
 
     def collect(self, launched: Launched) -> tuple[list[np.ndarray], float]:
         """Wait for ``launched`` (call in launch order) and return its host results and the

@@ -1,9 +1,12 @@
-"""A sentence-transformers model with prompts, a Dense layer and weighted-mean pooling, served by
-a real broker and worker: ``/v1/embeddings`` with ``prompt_name`` (or without, for the default
-prompt) returns what ``SentenceTransformer.encode`` returns with that prompt."""
+"""A sentence-transformers model with prompts left out of its weighted-mean pooling
+(``include_prompt: false``) and a Dense layer, served by a real broker and worker:
+``/v1/embeddings`` with ``prompt_name`` (or without, for the default prompt) returns what
+``SentenceTransformer.encode`` returns with that prompt, requests with other prompts sharing
+batches included."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -29,7 +32,7 @@ def st_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     bert = build_tiny_bert(root / "bert")
     return build_st_model(
         bert, root / NAME, pooling="weightedmean", dense=[DenseSpec(24, "Tanh")],
-        prompts=PROMPTS, default_prompt_name="query",
+        prompts=PROMPTS, default_prompt_name="query", include_prompt=False,
     )  # fmt: skip
 
 
@@ -78,6 +81,21 @@ async def test_embeddings_with_a_prompt_equal_sentence_transformers(
     ref = SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS, prompt_name=prompt_name)
     assert ours.shape == ref.shape == (len(TEXTS), 24)
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+async def test_requests_with_other_prompts_at_once_each_get_their_own(
+    url: str, st_dir: Path
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    names = ["query", "passage", "instruct"] * 3
+    answers = await asyncio.gather(*(_embed(url, prompt_name=name) for name in names))
+    st = SentenceTransformer(str(st_dir), device="cpu")
+    refs = {name: st.encode(TEXTS, prompt_name=name) for name in set(names)}
+    for name, (status, doc) in zip(names, answers, strict=True):
+        assert status == 200, doc
+        ours = np.array([d["embedding"] for d in doc["data"]], dtype=np.float32)
+        np.testing.assert_allclose(ours, refs[name], rtol=1e-5, atol=1e-5)
 
 
 async def test_an_unknown_prompt_is_422_naming_the_model_prompts(url: str) -> None:

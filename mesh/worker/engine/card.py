@@ -46,6 +46,9 @@ class ModelCard:
     dense: list[DenseLayer] = field(default_factory=list)  # after pooling, in order
     prompts: dict[str, str] = field(default_factory=dict)  # name -> text put before the input
     default_prompt_name: str | None = None  # the prompt used when a request names none
+    # False: the pooling leaves a prompt's tokens out (sentence-transformers include_prompt;
+    # the ingress says how many per request, pooling.pool skips them).
+    include_prompt: bool = True
 
 
 def default_model_path() -> Path:
@@ -75,15 +78,6 @@ def model_family(config: dict[str, Any]) -> Family:
 
 def _pooling(st: StPipeline, family: Family, causal: bool) -> str:
     if st.pooling:
-        affected = [m for m in st.pooling if m != "last"]
-        if not st.include_prompt and any(st.prompts.values()) and affected:
-            # The reference leaves the instruction prefix out of these modes (cls included: it
-            # moves past the prompt); the engine pools every token of a sequence, so it would
-            # serve other vectors. Without a (non-empty) prompt the flag changes nothing.
-            raise ValueError(
-                f"pooling {'+'.join(affected)} with include_prompt: false and prompts is not "
-                "supported"
-            )
         return "+".join(st.pooling)
     # Without a pooling config: BERT-style encoders are mostly mean-pooled (MiniLM, E5, GTE);
     # a causal decoder can only summarise the sequence in its last token.
@@ -183,6 +177,8 @@ def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCar
         dense=st.dense,
         prompts=st.prompts,
         default_prompt_name=st.default_prompt_name,
+        # Last-token pooling never reads the prompt: no need to count its tokens then.
+        include_prompt=st.include_prompt or set(pooling.split("+")) == {"last"},
     )
 
 

@@ -166,7 +166,9 @@ class Engine:
     def vocab_size(self) -> int:
         return int(self.model.vocab_size)
 
-    def embed(self, ids: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
+    def embed(
+        self, ids: np.ndarray, offsets: np.ndarray, skip: np.ndarray | None = None
+    ) -> torch.Tensor:
         """Embed ``n`` sequences packed as ``ids[offsets[i]:offsets[i + 1]]``.
 
         ``ids``: int32 (or any integer) ``[total]``; ``offsets``: ``[n + 1]``, starting at 0,
@@ -175,22 +177,28 @@ class Engine:
         ValueError for malformed input, for ids outside the vocabulary, for a sequence longer
         than ``card.max_input_tokens``, and for an empty sequence: a text always has at least
         its special tokens, so an empty one is a bug upstream that must not come back as a
-        plausible zero vector. A batch over
-        ``max_batch_tokens`` is accepted (the budget is what we advertise, not a hard cap).
+        plausible zero vector. A batch over ``max_batch_tokens`` is accepted (the budget is
+        what we advertise, not a hard cap).
+
+        ``skip``: int ``[n]``, leading tokens of each sequence left out of the pooling (a
+        prompt the model's Pooling excludes, ``include_prompt: false``); each must be below
+        its sequence's length (ValueError). None or all zeros: every token is pooled.
         """
         lengths = self._validate(ids, offsets)
+        skip = self._validate_skip(skip, lengths)
         n = lengths.shape[0]
         if n == 0:
             return torch.zeros(0, self.card.dims, dtype=torch.float32, device=self.device)
         if self.runner is not None:
             with torch.inference_mode():
-                return self.runner.embed(ids, offsets)
+                return self.runner.embed(ids, offsets, skip)
         with torch.inference_mode():
             ids_t = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
             cu = torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.int32)).to(self.device)
+            skip_t = None if skip is None else torch.from_numpy(skip).to(self.device)
             self.attention.plan(cu, self.card.causal)
             hidden = self.model(ids_t, positions(cu, ids_t.shape[0]), self.attention)
-            pooled = pool(hidden, cu, self.card.pooling)
+            pooled = pool(hidden, cu, self.card.pooling, skip_t)
             return pooled if self.dense is None else self.dense(pooled)
 
     def embed_final(
@@ -200,9 +208,10 @@ class Engine:
         dims: int | None = None,
         normalize: bool | None = None,
         kind: str = "float32",
+        skip: np.ndarray | None = None,
     ) -> np.ndarray:
         """``embed`` then ``finalize``; ``normalize`` None follows the card."""
-        pooled = self.embed(ids, offsets)
+        pooled = self.embed(ids, offsets, skip)
         with torch.inference_mode():
             return finalize(
                 pooled, dims, self.card.normalize if normalize is None else normalize, kind
@@ -223,6 +232,17 @@ class Engine:
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
             raise ValueError(f"token id outside the vocabulary [0, {self.vocab_size})")
         return lengths
+
+    @staticmethod
+    def _validate_skip(skip: np.ndarray | None, lengths: np.ndarray) -> np.ndarray | None:
+        if skip is None:
+            return None
+        skip = np.asarray(skip)
+        if skip.shape != lengths.shape or not np.issubdtype(skip.dtype, np.integer):
+            raise ValueError("skip must be integers [n], one per sequence")
+        if skip.size and (skip.min() < 0 or (skip >= lengths).any()):
+            raise ValueError("skip must leave at least one token of each sequence")
+        return skip.astype(np.int64) if skip.any() else None
 
 
 def choose_kernels(

@@ -144,8 +144,11 @@ class GpuRunner:
                 return b if sequences <= min(b, MAX_GRAPH_SEQUENCES) else None
         return None
 
-    def embed(self, ids: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
-        """Pooled ``float32 [n, D]`` on the device for a validated packed batch."""
+    def embed(
+        self, ids: np.ndarray, offsets: np.ndarray, skip: np.ndarray | None = None
+    ) -> torch.Tensor:
+        """Pooled ``float32 [n, D]`` on the device for a validated packed batch (``skip``:
+        int64 ``[n]`` leading tokens left out of the pooling, or None)."""
         offsets = np.ascontiguousarray(offsets, dtype=np.int32)
         lengths = np.diff(offsets)
         n, total = len(lengths), int(offsets[-1])
@@ -160,7 +163,7 @@ class GpuRunner:
             self.graph_batches += 1
             graph.ids[:total].copy_(ids_h, non_blocking=True)
             graph.pos[:total].copy_(pos_h, non_blocking=True)
-            self._stage_pooling(stage, graph, seg, offsets, lengths)
+            self._stage_pooling(stage, graph, seg, offsets, lengths, skip)
             graph.attn.plan(cu_h, self.card.causal)
             stage.copied.record()  # after plan: it may copy from cu_h too
             graph.graph.replay()
@@ -173,7 +176,9 @@ class GpuRunner:
         self.eager_attn.plan(cu_h, self.card.causal)
         stage.copied.record()
         hidden = self.model(ids_d, pos_d, self.eager_attn)
-        pooled = pool(hidden, cu_d, self.card.pooling)
+        # Rare (include_prompt: false models only): a small pageable copy is fine here.
+        skip_d = None if skip is None else torch.from_numpy(skip).to(self.device)
+        pooled = pool(hidden, cu_d, self.card.pooling, skip_d)
         if self.dense is not None:
             pooled = self.dense(pooled)
         if bucket is not None and self._budget_left():
@@ -187,11 +192,12 @@ class GpuRunner:
         seg: np.ndarray,
         offsets: np.ndarray,
         lengths: np.ndarray,
+        skip: np.ndarray | None,
     ) -> None:
         """Hand a graph's pooling its indices for this batch (see :func:`static_pool`)."""
         spec, rows, slots = self.card.pooling, graph.ids.shape[0], graph.slots
         host = stage.pool.head(spec, rows, slots)  # sized to this graph: its spare slot is last
-        fill_pool_indices(spec, seg, offsets, lengths, host, rows, slots)
+        fill_pool_indices(spec, seg, offsets, lengths, host, rows, slots, skip)
         graph.pool_in.copy_(host)
 
     def warmup(self, buckets: list[int]) -> None:

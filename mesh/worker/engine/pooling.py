@@ -7,6 +7,12 @@ digits.
 
 A pooling spec is one mode or several joined by ``+`` (``"mean"``, ``"cls+mean"``): several
 modes concatenate their vectors in that order, as sentence-transformers' ``Pooling`` does.
+
+``skip`` (per sequence) leaves that many leading tokens out of the pooling: the prompt, for a
+model whose Pooling says ``include_prompt: false`` (sentence-transformers masks the prompt's
+tokens; ``weightedmean`` keeps the remaining tokens' position weights, ``cls`` takes the first
+token after the prompt, ``last`` is unaffected). Left-out tokens go to a spare slot past the
+real ones, which is never read: the same trick the graphs use for their padding rows.
 """
 
 from __future__ import annotations
@@ -53,8 +59,15 @@ def positions(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     return torch.arange(total, device=cu_seqlens.device) - starts
 
 
-def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, spec: str) -> torch.Tensor:
-    """Pool ``hidden: [T, H]`` per sequence into ``float32 [n, H * modes]``.
+def pool(
+    hidden: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    spec: str,
+    skip: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Pool ``hidden: [T, H]`` per sequence into ``float32 [n, H * modes]``, leaving out the
+    first ``skip[i]`` tokens of sequence i when ``skip`` (int64 ``[n]``, each below its
+    sequence's length) is given.
 
     What sentence-transformers computes over a padded batch, here without padding to mask:
 
@@ -67,31 +80,39 @@ def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, spec: str) -> torch.Ten
     for ``max``.
     """
     modes = pooling_modes(spec)
-    total = hidden.shape[0]
+    total, n = hidden.shape[0], cu_seqlens.numel() - 1
+    starts = cu_seqlens[:-1].long()
     seg: torch.Tensor | None = None
     sums: torch.Tensor | None = None
     outs = []
     for mode in modes:
         if mode == "cls":
-            outs.append(hidden[cu_seqlens[:-1].long()].float())
+            outs.append(hidden[starts if skip is None else starts + skip].float())
             continue
         if mode == "last":
             outs.append(hidden[cu_seqlens[1:].long() - 1].float())
             continue
         if seg is None:
             seg = segment_ids(cu_seqlens, total)
-        lengths = seq_lengths(cu_seqlens).clamp_min(1).float()
+            pos = positions(cu_seqlens, total)
+            lengths = seq_lengths(cu_seqlens)
+            first = torch.zeros_like(lengths) if skip is None else skip
+            if skip is not None:
+                seg = torch.where(pos < skip[seg], n, seg)  # the prompt: to the spare slot
+            # The sum of the position weights p + 1 over the pooled positions first..L-1.
+            wtotal = (lengths * (lengths + 1) - first * (first + 1)).float() / 2
+            counts = (lengths - first).clamp_min(1).float()
         if mode in ("mean", "mean_sqrt_len"):
             if sums is None:  # "mean+mean_sqrt_len" shares one sum
-                sums = _segment_sum(hidden.float(), seg, lengths.shape[0])
-            outs.append(sums / (lengths if mode == "mean" else lengths.sqrt())[:, None])
+                sums = _segment_sum(hidden.float(), seg, n + 1)[:n]
+            outs.append(sums / (counts if mode == "mean" else counts.sqrt())[:, None])
         elif mode == "weightedmean":
-            weights = (positions(cu_seqlens, total) + 1).float()
-            wsums = _segment_sum(hidden.float() * weights[:, None], seg, lengths.shape[0])
-            # sum of 1..L, exact in fp32 for any length a model takes
-            outs.append(wsums / (lengths * (lengths + 1) / 2)[:, None])
+            weights = (pos + 1).float()
+            wsums = _segment_sum(hidden.float() * weights[:, None], seg, n + 1)[:n]
+            # exact in fp32 for any length a model takes
+            outs.append(wsums / wtotal.clamp_min(1.0)[:, None])
         else:
-            outs.append(_segment_max(hidden.float(), seg, lengths.shape[0]))
+            outs.append(_segment_max(hidden.float(), seg, n + 1)[:n])
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
@@ -181,27 +202,35 @@ def fill_pool_indices(
     bufs: PoolBuffers,
     rows: int,
     slots: int,
+    skip: np.ndarray | None = None,
 ) -> None:
     """Write :func:`static_pool`'s inputs for one batch into host ``bufs`` (sized by
     ``PoolBuffers.sizes(spec, rows, slots)``): ``seg`` is each real token's sequence,
-    ``offsets`` the batch's ``n + 1`` offsets, ``rows`` the bucket's rows."""
+    ``offsets`` the batch's ``n + 1`` offsets, ``rows`` the bucket's rows, ``skip`` the
+    leading tokens of each sequence left out (see :func:`pool`)."""
     modes = pooling_modes(spec)
     n, total = len(lengths), seg.shape[0]
+    starts = offsets[:-1]
     if bufs.index.numel():
         index = bufs.index.numpy()
         index[:total] = seg
+        if skip is not None:  # the prompt's rows go to the spare slot, as padding rows do
+            index[:total][np.arange(total) - starts[seg] < skip[seg]] = slots
         index[total:rows] = slots  # padding rows go to the spare slot
         scale = bufs.scale.numpy()
-        scale[:n] = 1.0 / lengths
+        scale[:n] = 1.0 / (lengths if skip is None else lengths - skip)
         scale[n:] = 0.0
     if bufs.weight.numel():
         weight = bufs.weight.numpy()
-        weight[:total] = np.arange(1, total + 1) - offsets[:-1][seg]
+        weight[:total] = np.arange(1, total + 1) - starts[seg]
         weight[total:rows] = 0.0
     pick = bufs.pick.numpy()
     for k, mode in enumerate(m for m in modes if m in _PICKING):
         block = pick[k * slots : (k + 1) * slots]
-        block[:n] = offsets[:-1] if mode == "cls" else offsets[1:] - 1
+        if mode == "cls":
+            block[:n] = starts if skip is None else starts + skip
+        else:
+            block[:n] = offsets[1:] - 1
         block[n:] = 0
 
 

