@@ -60,6 +60,15 @@ FAMILIES: tuple[FamilySpec, ...] = (
         ("0.auto_model.", "mpnet."),
         positions="after_pad",
     ),
+    # ModernBertModel: none; ModernBertForMaskedLM & co: "model.".
+    FamilySpec(
+        "modernbert",
+        ("modernbert",),
+        "modernbert",
+        "ModernBertEncoder",
+        ("model.",),
+        positions="rotary",
+    ),
     # Qwen3Model: none; Qwen3ForCausalLM: "model." (lm_head is never asked for).
     FamilySpec("qwen3", ("qwen3",), "decoder", "Qwen3Embedder", ("model.",), True, "rotary"),
     FamilySpec("qwen2", ("qwen2",), "decoder", "Qwen2Embedder", ("model.",), True, "rotary"),
