@@ -142,6 +142,9 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         prompts=dict(card.prompts),
         default_prompt_name=card.default_prompt_name,
         include_prompt=card.include_prompt,
+        task=card.task,
+        labels=list(card.labels),
+        activation=card.activation,
     )
     options = WorkerOptions(
         name=f"{socket.gethostname()}:{cfg.device}",

@@ -7,7 +7,9 @@ A message is ``[header][msgpack body][payload frame]...``:
   payload frames in frame order: ``[field, dtype, shape]`` for arrays, ``[field, "bytes", len]``
   for blobs;
 - payload: one frame per array or blob, raw little-endian bytes; large ones are handed to zmq
-  without copying (``send_multipart(..., copy=False)``) and decoded with ``np.frombuffer``.
+  without copying (``send_multipart(..., copy=False)``) and decoded with ``np.frombuffer``. An
+  optional array (``np.ndarray | None``) that is None sends no frame, and a peer from before
+  it was added (which never sends one) decodes as None.
 
 Decoding validates every field against the message's type hints and every frame against its
 descriptor and ``limits``; any mismatch raises ``ProtocolError``. A body field declared with a
@@ -78,8 +80,8 @@ Default = Callable[[], Any] | None
 BodyCheck = tuple[str, str, Check, Default]
 
 # How a field travels: in the msgpack body, or as payload frames (one array, a list of arrays,
-# one blob).
-_BODY, _ARRAY, _ARRAYS, _BLOB = range(4)
+# one blob, one array or none).
+_BODY, _ARRAY, _ARRAYS, _BLOB, _ARRAY_OPT = range(5)
 _MISSING = object()
 
 
@@ -116,6 +118,8 @@ def _travels(tp: Any) -> int:
         return _ARRAY
     if tp == list[np.ndarray]:
         return _ARRAYS
+    if tp == (np.ndarray | None):
+        return _ARRAY_OPT
     return _BLOB if tp is bytes else _BODY
 
 
@@ -327,10 +331,12 @@ def encode(msg: Message) -> list[Frame]:
         value = getattr(msg, name)
         if how == _BODY:
             body[name] = value if type(value) in _AS_IS else _plain(value)
-        elif how == _ARRAY:
+        elif how == _ARRAY or (how == _ARRAY_OPT and value is not None):
             desc, arr = _array_frame(name, value)
             descriptors.append(desc)
             payload.append(arr)
+        elif how == _ARRAY_OPT:
+            continue
         elif how == _ARRAYS:
             for arr in value:
                 desc, arr = _array_frame(name, arr)
@@ -394,7 +400,7 @@ def _payload_fields(
             if kind != "bytes" or shape != buf.nbytes or name in out:
                 raise ProtocolError(f"{where}.{name}: bad blob descriptor")
             out[name] = bytes(buf)
-        elif how == _ARRAY:
+        elif how in (_ARRAY, _ARRAY_OPT):
             arr = _array(buf, kind, shape, f"{where}.{name}")
             if name in out:
                 raise ProtocolError(f"{where}.{name}: sent twice")
@@ -402,8 +408,12 @@ def _payload_fields(
         else:
             out[name].append(_array(buf, kind, shape, f"{where}.{name}"))
     if len(out) != len(travels):  # list fields are always in out: an empty list is a list
+        for name, how in travels.items():
+            if how == _ARRAY_OPT:
+                out.setdefault(name, None)
         missing = [n for n in travels if n not in out]
-        raise ProtocolError(f"{where}: payload missing for {missing}")
+        if missing:
+            raise ProtocolError(f"{where}: payload missing for {missing}")
     return out
 
 

@@ -78,6 +78,13 @@ class ModelInfo:
     # False: the pooling leaves a prompt's tokens out (sentence-transformers include_prompt),
     # so a request with a prompt says how many (OutputOptions.pool_skip).
     include_prompt: bool = True
+    # "embed": a vector per text. "score": a cross-encoder (reranker, classifier): one logit per
+    # label per text or (query, passage) pair, ``dims == len(labels)``, never normalized.
+    task: str = "embed"
+    labels: list[str] = field(default_factory=list)  # a scorer's label names, by logit index
+    # What turns a scorer's logits into its scores (the ingress applies it, unless raw):
+    # "sigmoid", "softmax", "identity" or "tanh"; "" for an embedder.
+    activation: str = ""
 
 
 @dataclass
@@ -112,6 +119,18 @@ def _check_ragged(token_ids: np.ndarray, offsets: np.ndarray, where: str) -> Non
         raise ProtocolError(f"{where}: negative token id")
 
 
+def _check_pairs(starts: np.ndarray | None, offsets: np.ndarray, where: str) -> None:
+    """``segment_b_start``: int32 [n], 0 (a single text) or where a pair's second segment
+    begins (token type 1 from there), inside its sequence and after its first token."""
+    if starts is None:
+        return
+    n = len(offsets) - 1
+    if starts.dtype != np.int32 or starts.shape != (n,):
+        raise ProtocolError(f"{where}: segment_b_start must be int32 [n]")
+    if n and (int(starts.min()) < 0 or (starts >= offsets[1:] - offsets[:-1]).any()):
+        raise ProtocolError(f"{where}: segment_b_start must lie inside its sequence")
+
+
 # ---- ingress ↔ broker --------------------------------------------------------------------------
 
 
@@ -129,9 +148,13 @@ class SubmitRequest(Message):
     output: OutputOptions
     token_ids: np.ndarray
     offsets: np.ndarray
+    # Pairs for a cross-encoder: per sequence, the token index where its second text (token
+    # type 1) begins, 0 for a single text; None when the request holds no pair.
+    segment_b_start: np.ndarray | None = None
 
     def validate(self) -> None:
         _check_ragged(self.token_ids, self.offsets, "SubmitRequest")
+        _check_pairs(self.segment_b_start, self.offsets, "SubmitRequest")
         self.output.check("SubmitRequest")
         if self.lane not in (Lane.INTERACTIVE, Lane.BATCH):
             raise ProtocolError("SubmitRequest: unknown lane")
@@ -303,9 +326,11 @@ class BatchAssign(Message):
     output_index: np.ndarray  # int32 [n]
     token_ids: np.ndarray
     offsets: np.ndarray
+    segment_b_start: np.ndarray | None = None  # int32 [n] as in SubmitRequest; None: no pair
 
     def validate(self) -> None:
         _check_ragged(self.token_ids, self.offsets, "BatchAssign")
+        _check_pairs(self.segment_b_start, self.offsets, "BatchAssign")
         if not 1 <= len(self.outputs) <= self.n:
             raise ProtocolError("BatchAssign: 1..n output groups")
         for opt in self.outputs:

@@ -28,8 +28,9 @@ class DenseSpec:
     bias: bool = True
 
 
-def build_tiny_bert(path: Path, seed: int = 3) -> Path:
-    """A tiny BertModel with noticeable random weights and a real WordPiece tokenizer."""
+def build_tiny_bert(path: Path, seed: int = 3, hidden: int = HIDDEN, heads: int = 4) -> Path:
+    """A tiny BertModel with noticeable random weights and a real WordPiece tokenizer
+    (``hidden // heads`` of 32 or more for FlashInfer on the GPU)."""
     import torch
     import transformers
 
@@ -37,10 +38,10 @@ def build_tiny_bert(path: Path, seed: int = 3) -> Path:
 
     config = transformers.BertConfig(
         vocab_size=30522,  # the MiniLM tokenizer's
-        hidden_size=HIDDEN,
-        intermediate_size=64,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
         num_hidden_layers=2,
-        num_attention_heads=4,
+        num_attention_heads=heads,
         max_position_embeddings=MAX_TOKENS,
     )
     torch.manual_seed(seed)
@@ -75,8 +76,10 @@ def build_st_model(
     from sentence_transformers import SentenceTransformer, models
 
     torch.manual_seed(seed)
-    modules: list[torch.nn.Module] = [models.Transformer(str(bert_dir), max_seq_length=MAX_TOKENS)]
-    pool = models.Pooling(HIDDEN, pooling_mode=pooling, include_prompt=include_prompt)
+    transformer = models.Transformer(str(bert_dir), max_seq_length=MAX_TOKENS)
+    modules: list[torch.nn.Module] = [transformer]
+    hidden = transformer.get_embedding_dimension()
+    pool = models.Pooling(hidden, pooling_mode=pooling, include_prompt=include_prompt)
     modules.append(pool)
     width = pool.get_embedding_dimension()
     for spec in dense:
@@ -91,4 +94,44 @@ def build_st_model(
         modules=modules, device="cpu", prompts=prompts, default_prompt_name=default_prompt_name
     )
     st.save(str(path))
+    return path
+
+
+def build_cross_encoder(path: Path, num_labels: int = 1, seed: int = 7) -> Path:
+    """A tiny random-weight ``BertForSequenceClassification`` (the embedded MiniLM's WordPiece
+    tokenizer) saved as sentence-transformers' ``CrossEncoder`` saves it, with its default
+    activation (Sigmoid for one label, Identity for several) in its config."""
+    import torch
+    import transformers
+    from sentence_transformers import CrossEncoder
+
+    from mesh.worker.engine.card import default_model_path
+
+    labels = {i: f"label_{'abc'[i]}" if num_labels > 1 else "LABEL_0" for i in range(num_labels)}
+    config = transformers.BertConfig(
+        vocab_size=30522,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=MAX_TOKENS,
+        num_labels=num_labels,
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+    )
+    torch.manual_seed(seed)
+    model = transformers.BertForSequenceClassification(config).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if p.dim() == 1 and "layernorm" in name.lower():
+                p.copy_(1.0 + 0.2 * noise if name.endswith("weight") else 0.1 * noise)
+            else:
+                # Token types get a large row so that a wrong type shows in every score.
+                p.copy_((0.5 if "token_type" in name else 0.1) * noise)
+    raw = path.with_name(path.name + "-hf")
+    model.save_pretrained(raw, safe_serialization=True)
+    transformers.AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(raw)
+    CrossEncoder(str(raw), device="cpu", max_length=MAX_TOKENS).save(str(path))
     return path

@@ -54,6 +54,8 @@ def plan_batch(batch_id: int, model: str, slices: list[Slice], timeout_s: float)
     id_parts: list[np.ndarray] = []
     length_parts: list[np.ndarray] = []
     index_parts: list[np.ndarray] = []
+    pair_parts: list[np.ndarray] = []
+    pairs = False
     for piece in slices:
         submit: SubmitRequest = piece.request.payload  # type: ignore[assignment]
         key = _options_key(submit.output)
@@ -70,6 +72,11 @@ def plan_batch(batch_id: int, model: str, slices: list[Slice], timeout_s: float)
         id_parts.append(submit.token_ids[offs[piece.start] : offs[piece.end]])
         length_parts.append(piece.request.lengths[piece.start : piece.end])  # diffed at submit
         index_parts.append(np.full(n, group, dtype=np.int32))
+        # A pair's split is relative to its own sequence: the slice carries over as it is.
+        starts = submit.segment_b_start
+        pairs = pairs or starts is not None
+        part = np.zeros(n, np.int32) if starts is None else starts[piece.start : piece.end]
+        pair_parts.append(part)
     offsets = np.zeros(sum(len(p) for p in length_parts) + 1, dtype=np.int32)
     np.cumsum(np.concatenate(length_parts), out=offsets[1:])
     message = BatchAssign(
@@ -80,6 +87,7 @@ def plan_batch(batch_id: int, model: str, slices: list[Slice], timeout_s: float)
         output_index=np.concatenate(index_parts),
         token_ids=np.concatenate(id_parts).astype(np.int32, copy=False),
         offsets=offsets,
+        segment_b_start=np.concatenate(pair_parts) if pairs else None,
     )
     return BatchPlan(message=message, slices=slices, groups=groups, rows=rows)
 

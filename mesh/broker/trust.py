@@ -26,6 +26,9 @@ CARD_FIELDS = (
     "prompts",  # the ingress puts them before the texts: other prompts, other vectors
     "default_prompt_name",
     "include_prompt",
+    "task",  # an embedder and a scorer of one name would answer one request two ways
+    "labels",
+    "activation",
 )
 
 
@@ -38,6 +41,8 @@ def submit_problem(msg: SubmitRequest, info: ModelInfo, lengths: np.ndarray) -> 
     dims = msg.output.dims
     if dims is not None and dims > info.dims:
         return f"dimensions {dims} is over the model's {info.dims}; ask for at most {info.dims}"
+    if msg.segment_b_start is not None and info.task != "score":
+        return f"model {info.name!r} embeds texts; pairs are for cross-encoders (rerank, predict)"
     skip = msg.output.pool_skip
     if skip and info.include_prompt:
         return "pool_skip is for models whose pooling leaves the prompt out; this one pools it"

@@ -116,12 +116,15 @@ class ResultPipeline:
         return Launched(batch.batch_id, started, host, done, slot, outputs)
 
     def _embed(self, batch: BatchAssign) -> torch.Tensor:
+        engine = self.engine
+        # A cross-encoder's pairs (where each second text begins), only when the batch has any.
+        extra = {} if batch.segment_b_start is None else {"pairs": batch.segment_b_start}
         skips = [out.pool_skip for out in batch.outputs]
         if not any(skips):
-            return self.engine.embed(batch.token_ids, batch.offsets)  # type: ignore[attr-defined]
+            return engine.embed(batch.token_ids, batch.offsets, **extra)  # type: ignore[attr-defined]
         # Per sequence, the prompt tokens its group's requests leave out of the pooling.
         skip = np.asarray(skips, dtype=np.int64)[batch.output_index]
-        return self.engine.embed(batch.token_ids, batch.offsets, skip)  # type: ignore[attr-defined]
+        return engine.embed(batch.token_ids, batch.offsets, skip, **extra)  # type: ignore[attr-defined]
 
     def collect(self, launched: Launched) -> tuple[list[np.ndarray], float]:
         """Wait for ``launched`` (call in launch order) and return its host results and the

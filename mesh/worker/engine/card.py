@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mesh.worker.engine.classifier import read_classifier
 from mesh.worker.engine.models.registry import Family, spec_for_config, spec_for_family
 from mesh.worker.engine.st_config import DenseLayer, Pooling, StPipeline, read_st_pipeline
 
@@ -49,6 +50,11 @@ class ModelCard:
     # False: the pooling leaves a prompt's tokens out (sentence-transformers include_prompt;
     # the ingress says how many per request, pooling.pool skips them).
     include_prompt: bool = True
+    # "score": a cross-encoder (classifier.py): ``dense`` is its head, whose ``path``s name
+    # weights in the model's checkpoint; ``dims`` is the number of labels.
+    task: str = "embed"
+    labels: list[str] = field(default_factory=list)
+    activation: str = ""  # a scorer's: what the ingress applies to its logits unless raw
 
 
 def default_model_path() -> Path:
@@ -144,6 +150,10 @@ def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCar
     st = read_st_pipeline(model_dir)
     causal = is_causal(config, family, st.pooling_config)
     pooling = _pooling(st, family, causal)
+    head = read_classifier(model_dir, config, family, st)
+    if head is not None:
+        # Its head reads the first token's state (BERT's [CLS], RoBERTa's <s>).
+        pooling, st.dense = "cls", head.layers
     tokenizer_path = model_dir / "tokenizer.json"
     if not tokenizer_path.is_file():
         raise FileNotFoundError(f"no tokenizer.json in {model_dir}")
@@ -179,6 +189,9 @@ def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCar
         default_prompt_name=st.default_prompt_name,
         # Last-token pooling never reads the prompt: no need to count its tokens then.
         include_prompt=st.include_prompt or set(pooling.split("+")) == {"last"},
+        task="embed" if head is None else "score",
+        labels=[] if head is None else head.labels,
+        activation="" if head is None else head.activation,
     )
 
 

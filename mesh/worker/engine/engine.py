@@ -33,10 +33,12 @@ import torch
 from mesh.config import MAX_BATCH_TOKENS_CPU, MAX_BATCH_TOKENS_GPU
 from mesh.worker.engine import fused
 from mesh.worker.engine.attention import AttentionBackend, cpu_backend
-from mesh.worker.engine.card import ModelCard, read_card
+from mesh.worker.engine.card import ModelCard, read_card, read_config
+from mesh.worker.engine.classifier import load_classifier
 from mesh.worker.engine.cpu import keep_freed_memory
 from mesh.worker.engine.dense import load_dense
 from mesh.worker.engine.loader import load_model
+from mesh.worker.engine.models.registry import spec_for_config
 from mesh.worker.engine.outputs import finalize
 from mesh.worker.engine.pooling import pool, positions
 
@@ -142,7 +144,11 @@ class Engine:
             model.use_kernels(kernels, exact_gelu=exact_gelu)
         else:
             model.use_kernels(kernels)
-        dense = load_dense(model_dir, card.dense, device)
+        if card.task == "score":  # a cross-encoder: its head from the checkpoint itself
+            prefixes = spec_for_config(read_config(model_dir)).prefixes
+            dense = load_classifier(model_dir, card.dense, prefixes, device)
+        else:
+            dense = load_dense(model_dir, card.dense, device)
         budget = max_batch_tokens or default_max_batch_tokens(device.type, graph_max_tokens)
         if device.type != "cuda" or attention is not None:
             backend = attention or cpu_backend()
@@ -167,7 +173,11 @@ class Engine:
         return int(self.model.vocab_size)
 
     def embed(
-        self, ids: np.ndarray, offsets: np.ndarray, skip: np.ndarray | None = None
+        self,
+        ids: np.ndarray,
+        offsets: np.ndarray,
+        skip: np.ndarray | None = None,
+        pairs: np.ndarray | None = None,
     ) -> torch.Tensor:
         """Embed ``n`` sequences packed as ``ids[offsets[i]:offsets[i + 1]]``.
 
@@ -183,21 +193,31 @@ class Engine:
         ``skip``: int ``[n]``, leading tokens of each sequence left out of the pooling (a
         prompt the model's Pooling excludes, ``include_prompt: false``); each must be below
         its sequence's length (ValueError). None or all zeros: every token is pooled.
+
+        ``pairs``: int ``[n]``, for a cross-encoder (``card.task == "score"``): where each
+        sequence's second text begins (token type 1 from there to its end), 0 for a single
+        text; ValueError for another model or a split outside its sequence.
         """
         lengths = self._validate(ids, offsets)
         skip = self._validate_skip(skip, lengths)
+        types = self._token_types(pairs, offsets, lengths)
         n = lengths.shape[0]
         if n == 0:
             return torch.zeros(0, self.card.dims, dtype=torch.float32, device=self.device)
         if self.runner is not None:
             with torch.inference_mode():
-                return self.runner.embed(ids, offsets, skip)
+                return self.runner.embed(ids, offsets, skip, types)
         with torch.inference_mode():
             ids_t = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
             cu = torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.int32)).to(self.device)
             skip_t = None if skip is None else torch.from_numpy(skip).to(self.device)
             self.attention.plan(cu, self.card.causal)
-            hidden = self.model(ids_t, positions(cu, ids_t.shape[0]), self.attention)
+            pos = positions(cu, ids_t.shape[0])
+            if types is None:
+                hidden = self.model(ids_t, pos, self.attention)
+            else:
+                types_t = torch.from_numpy(types).to(self.device)
+                hidden = self.model(ids_t, pos, self.attention, types_t)
             pooled = pool(hidden, cu, self.card.pooling, skip_t)
             return pooled if self.dense is None else self.dense(pooled)
 
@@ -232,6 +252,28 @@ class Engine:
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
             raise ValueError(f"token id outside the vocabulary [0, {self.vocab_size})")
         return lengths
+
+    def _token_types(
+        self, pairs: np.ndarray | None, offsets: np.ndarray, lengths: np.ndarray
+    ) -> np.ndarray | None:
+        """int64 ``[total]`` token types of a batch holding pairs; None when it holds none."""
+        if pairs is None:
+            return None
+        pairs = np.asarray(pairs)
+        if pairs.shape != lengths.shape or not np.issubdtype(pairs.dtype, np.integer):
+            raise ValueError("pairs must be integers [n], one per sequence")
+        if self.card.task != "score":
+            raise ValueError(f"model {self.card.name!r} embeds texts; it takes no pairs")
+        if pairs.size and (pairs.min() < 0 or (pairs >= lengths).any()):
+            raise ValueError("a pair's second text must begin inside its sequence")
+        if not pairs.any():
+            return None
+        # +1 where a second text begins, -1 where its sequence ends: the running sum is the type.
+        step = np.zeros(int(offsets[-1]) + 1, dtype=np.int64)
+        split = np.flatnonzero(pairs)
+        np.add.at(step, offsets[split].astype(np.int64) + pairs[split], 1)
+        np.add.at(step, offsets[split + 1].astype(np.int64), -1)
+        return np.cumsum(step[:-1])
 
     @staticmethod
     def _validate_skip(skip: np.ndarray | None, lengths: np.ndarray) -> np.ndarray | None:

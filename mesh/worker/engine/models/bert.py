@@ -110,6 +110,9 @@ class BertEncoder(nn.Module):
         # Token type is always 0 for single-text embedding: fold its row in once.
         types = w("embeddings.token_type_embeddings.weight") if self.token_types else None
         self.register_buffer("type0", None if types is None else types[0])
+        # A cross-encoder's pair has type 1 on its second text: then the rows are looked up.
+        pairs = types is not None and types.shape[0] > 1
+        self.register_buffer("type_rows", types if pairs else None)
         self.register_buffer("ln_w", w("embeddings.LayerNorm.weight"))
         self.register_buffer("ln_b", w("embeddings.LayerNorm.bias"))
         self.layers = nn.ModuleList(
@@ -147,16 +150,25 @@ class BertEncoder(nn.Module):
         """Rows of the position table for each token (BERT: its position in its sequence)."""
         return positions
 
-    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def embed(
+        self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None = None
+    ) -> torch.Tensor:
         x = self.word[ids] + self.pos[self.position_ids(ids, positions)]
-        if self.type0 is not None:
+        if types is not None and self.type_rows is not None:
+            x = x + self.type_rows[types]
+        elif self.type0 is not None:
             x = x + self.type0
         return F.layer_norm(x, (self.hidden,), self.ln_w, self.ln_b, self.eps)
 
     def forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionBackend,
+        types: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = self.embed(ids, positions)
+        """``types``: int64 ``[T]`` token type ids (pairs of a cross-encoder); None: all 0."""
+        x = self.embed(ids, positions, types)
         for layer in self.layers:
             x = layer(x, attn, self._after, self.rel_bias)
         return x
