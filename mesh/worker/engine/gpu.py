@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from mesh.config import MAX_BATCH_TOKENS_GPU
+from mesh.worker.engine.attention import SdpaPerSequence
 from mesh.worker.engine.card import ModelCard
 from mesh.worker.engine.flashinfer_attention import WORKSPACE_BYTES, cuda_backend
 from mesh.worker.engine.pooling import PoolBuffers, fill_pool_indices, pool, static_pool
@@ -118,12 +119,20 @@ class GpuRunner:
             torch.cuda.set_device(device)
         self.dtype = model.dtype
         self.heads = model_heads(model)
-        self.graphs_on = graphs
-        self.buckets = bucket_sizes(graph_max_tokens) if graphs else []
+        # A model whose attention needs a bias or a window (MPNet, ModernBERT) runs torch
+        # SDPA per sequence, eagerly: FlashInfer's fa2 ragged prefill takes neither, and a
+        # loop over the batch's sequences cannot be captured in a graph.
+        self.masked = bool(getattr(model, "needs_masks", False))
+        self.graphs_on = graphs and not self.masked
+        self.buckets = bucket_sizes(graph_max_tokens) if self.graphs_on else []
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.max_len = card.max_input_tokens
-        self.eager_attn = cuda_backend(
-            self.heads, self.dtype, device, self.max_len, workspace=self.workspace
+        self.eager_attn: Any = (
+            SdpaPerSequence()
+            if self.masked
+            else cuda_backend(
+                self.heads, self.dtype, device, self.max_len, workspace=self.workspace
+            )
         )
         self.graphs: dict[int, _Graph] = {}
         self.failed: set[int] = set()  # buckets whose capture failed: they stay eager
@@ -145,10 +154,18 @@ class GpuRunner:
         return None
 
     def embed(
-        self, ids: np.ndarray, offsets: np.ndarray, skip: np.ndarray | None = None
+        self,
+        ids: np.ndarray,
+        offsets: np.ndarray,
+        skip: np.ndarray | None = None,
+        types: np.ndarray | None = None,
     ) -> torch.Tensor:
         """Pooled ``float32 [n, D]`` on the device for a validated packed batch (``skip``:
-        int64 ``[n]`` leading tokens left out of the pooling, or None)."""
+        int64 ``[n]`` leading tokens left out of the pooling, or None).
+
+        ``types``: int64 ``[total]`` token types of a cross-encoder batch holding pairs. Such a
+        batch runs eagerly: the graphs are captured without a token-type input (single texts,
+        type 0 folded into the embeddings), so only batches without a pair replay them."""
         offsets = np.ascontiguousarray(offsets, dtype=np.int32)
         lengths = np.diff(offsets)
         n, total = len(lengths), int(offsets[-1])
@@ -158,7 +175,7 @@ class GpuRunner:
         self._turn = (self._turn + 1) % len(self.staging)
         ids_h, pos_h, cu_h = stage.fill(ids, pos, offsets)
         bucket = self.bucket_for(total, n)
-        graph = self.graphs.get(bucket) if bucket is not None else None
+        graph = self.graphs.get(bucket) if bucket is not None and types is None else None
         if graph is not None:
             self.graph_batches += 1
             graph.ids[:total].copy_(ids_h, non_blocking=True)
@@ -175,7 +192,10 @@ class GpuRunner:
         cu_d = cu_h.to(self.device, non_blocking=True)
         self.eager_attn.plan(cu_h, self.card.causal)
         stage.copied.record()
-        hidden = self.model(ids_d, pos_d, self.eager_attn)
+        if types is None:
+            hidden = self.model(ids_d, pos_d, self.eager_attn)
+        else:  # a pageable copy, as skip's: this batch is eager anyway
+            hidden = self.model(ids_d, pos_d, self.eager_attn, torch.from_numpy(types).to(ids_d))
         # Rare (include_prompt: false models only): a small pageable copy is fine here.
         skip_d = None if skip is None else torch.from_numpy(skip).to(self.device)
         pooled = pool(hidden, cu_d, self.card.pooling, skip_d)
