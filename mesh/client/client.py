@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -28,8 +29,10 @@ import zmq.asyncio
 from mesh.client.admission import check_backlog, text_floor
 from mesh.client.connection import BrokerConnection, EmbedResult
 from mesh.client.models import ModelBook
+from mesh.client.pairs import ScoreInput, encode_pooled
 from mesh.client.request import (
     ValidRequest,
+    check_task,
     guess_lane,
     output_options,
     prompt_skip,
@@ -40,7 +43,14 @@ from mesh.client.request import (
 from mesh.client.tokenize import ModelTokenizer, TokenizerPool
 from mesh.config import DEFAULT_REQUEST_TIMEOUT_S, Liveness
 from mesh.errors import DeadlineExceeded, InvalidInput, MeshError, ModelNotFound, Unavailable
-from proto_msgs import Lane, ModelInfo, SubmitRequest, TokenizerReply, TokenizerRequest
+from proto_msgs import (
+    Lane,
+    ModelInfo,
+    OutputOptions,
+    SubmitRequest,
+    TokenizerReply,
+    TokenizerRequest,
+)
 
 __all__ = ["EmbedResult", "MeshClient", "ValidRequest"]
 
@@ -187,6 +197,7 @@ class MeshClient:
         if not texts:
             raise InvalidInput("no input given", param="input")
         info = self.resolve(model)
+        check_task(info, "embed")
         output = output_options(info, dims, normalize, kind)
         prompt = prompt_text(info, prompt_name)
         if prompt:
@@ -212,10 +223,41 @@ class MeshClient:
     ) -> ValidRequest:
         """Resolve ``model`` and check the given ids (ids concatenated, offsets n+1) once."""
         info = self.resolve(model)
+        check_task(info, "embed")
         output = output_options(info, dims, normalize, kind)
         valid = valid_tokens(info, token_ids, offsets, output, lane, truncate)
         self._check_backlog(info, valid.lane, valid.tokens)
         return valid
+
+    async def prepare_scores(
+        self,
+        inputs: Sequence[ScoreInput],
+        model: str,
+        *,
+        lane: int | None = None,
+        truncate: bool = False,
+        left: bool = False,
+    ) -> ValidRequest:
+        """Resolve a cross-encoder and tokenize what it scores once: single texts and
+        (query, passage) pairs, as its tokenizer pairs them (``mesh.client.pairs``), cut at
+        its limit when ``truncate`` (from the left when ``left``), else refused when over.
+        The submitted request answers raw logits ``[n, labels]`` (``scores.activate`` makes
+        them the model's scores); an embedding model is InvalidInput."""
+        inputs = list(inputs)
+        if not inputs:
+            raise InvalidInput("no input given", param="input")
+        info = self.resolve(model)
+        check_task(info, "score")
+        flat = [x if isinstance(x, str) else x[0] + x[1] for x in inputs]  # sizes only
+        self._check_backlog(info, *text_floor(flat, lane))
+        tok = await self.tokenizer(info)
+        priority = guess_lane(flat, lane)
+        ids, lengths, starts = await encode_pooled(
+            self.tokenizers, tok, inputs, truncate, left, priority
+        )
+        logits = OutputOptions(dims=None, normalize=False, kind="float32")
+        valid = valid_tokenized(info, ids, lengths, logits, lane)
+        return dataclasses.replace(valid, segment_b_start=starts if starts.any() else None)
 
     async def tokenize(
         self, texts: Sequence[str], model: str, *, truncate: bool = False
@@ -247,6 +289,7 @@ class MeshClient:
             output=request.output,
             token_ids=request.token_ids,
             offsets=request.offsets,
+            segment_b_start=request.segment_b_start,
         )
         future = broker.submit(submit, tokens=request.tokens).future
         # The broker enforces the deadline; this local one (a liveness window later) is the

@@ -18,14 +18,16 @@ differ (two texts over the limit each: a question of one token in a thousand).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from mesh.client.request import over_limit_message
-from mesh.client.tokenize import ModelTokenizer
+from mesh.client.tokenize import INLINE_MAX_CHARS, ModelTokenizer, TokenizerPool, chunks
 from mesh.errors import InvalidInput
+from proto_msgs import Lane
 
 ScoreInput = str | tuple[str, str]  # a single text, or a (query, passage) pair
 
@@ -83,3 +85,25 @@ def encode_inputs(
         (t for enc in encodings for t in enc.ids), dtype=np.int32, count=int(lengths.sum())
     )
     return ids, lengths, starts
+
+
+async def encode_pooled(
+    pool: TokenizerPool, tok: ModelTokenizer, inputs: list[ScoreInput], truncate: bool,
+    left: bool, priority: Lane,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """:func:`encode_inputs` as the client tokenizes texts: a short live request inline, the
+    rest in chunks on the tokenizer threads at ``priority`` (live work first)."""
+    sizes = [x if isinstance(x, str) else x[0] + x[1] for x in inputs]
+    if priority == Lane.INTERACTIVE and sum(map(len, sizes)) <= INLINE_MAX_CHARS:
+        return encode_inputs(tok, inputs, truncate, left)
+    jobs = [
+        pool.run(priority, encode_inputs, tok, inputs[a:b], truncate, left, a)
+        for a, b in chunks(sizes, tok.cut_chars)
+    ]
+    try:
+        parts = await asyncio.gather(*jobs)
+    except BaseException:
+        for job in jobs:
+            job.cancel()
+        raise
+    return tuple(np.concatenate([p[k] for p in parts]) for k in range(3))  # type: ignore[return-value]

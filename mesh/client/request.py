@@ -41,6 +41,9 @@ class ValidRequest:
     lengths: np.ndarray  # int32, n entries, each in 1..model.max_input_tokens
     output: OutputOptions
     lane: Lane
+    # A cross-encoder's request: per sequence where its second text begins (0: a single
+    # text); None for every other request (SubmitRequest.segment_b_start).
+    segment_b_start: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -85,6 +88,24 @@ def output_options(model: ModelInfo, dims: int | None, normalize: bool, kind: st
             param="dimensions",
         )
     return OutputOptions(dims=dims, normalize=normalize, kind=kind)
+
+
+def check_task(model: ModelInfo, task: str) -> None:
+    """InvalidInput naming what ``model`` does when it does not do ``task``: embeddings from a
+    cross-encoder, or scores from an embedding model."""
+    if model.task == task:
+        return
+    if model.task == "score":
+        raise InvalidInput(
+            f"model {model.name!r} is a cross-encoder: it scores texts and (query, passage) "
+            "pairs (/rerank, /predict, /v1/rerank) and has no embeddings",
+            param="model",
+        )
+    raise InvalidInput(
+        f"model {model.name!r} is an embedding model: it has no scores; rerank and predict "
+        "need a cross-encoder (sequence-classification) model",
+        param="model",
+    )
 
 
 def prompt_text(model: ModelInfo, prompt_name: str | None) -> str:

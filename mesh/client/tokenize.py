@@ -30,7 +30,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
@@ -40,6 +41,8 @@ from mesh.client.request import over_limit_message
 from mesh.config import BULK_NICE
 from mesh.errors import InvalidInput
 from proto_msgs import Lane, ModelInfo
+
+T = TypeVar("T")
 
 # A few vocabularies hold very long entries (runs of '=' or of spaces in byte-level BPE); the
 # bound uses at most this many characters per token, and the retry covers texts made of them.
@@ -226,6 +229,11 @@ class TokenizerPool:
         if len(parts) == 1:
             return parts[0]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def run(self, priority: Lane, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
+        """``fn(*args)`` on the tokenizer threads at ``priority`` (for other encodings than
+        ``encode``'s: a cross-encoder's pairs, :mod:`mesh.client.pairs`)."""
+        return asyncio.wrap_future(self._pool.submit(int(priority), fn, *args))
 
     def close(self) -> None:
         self._pool.shutdown()

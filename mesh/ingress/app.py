@@ -43,7 +43,7 @@ from aiohttp import web
 from mesh.client import MeshClient, ValidRequest
 from mesh.client.request import INTERACTIVE_MAX_TOKENS
 from mesh.errors import MeshError
-from mesh.ingress import tei
+from mesh.ingress import rerank, tei
 from mesh.ingress.catalog import Catalog
 from mesh.ingress.config import IngressConfig
 from mesh.ingress.encodings import ENCODINGS, render_embeddings_sliced
@@ -102,6 +102,7 @@ def create_app(cfg: IngressConfig, client: MeshClient | None = None) -> web.Appl
     app.router.add_get("/", _health)  # TEI's health route too (POST / is TEI's embed)
     app.router.add_get("/metrics", _metrics)
     tei.add_routes(app)
+    rerank.add_routes(app)  # TEI's /rerank and /predict, /v1/rerank (and /v2/rerank)
     app.cleanup_ctx.append(_client_lifetime)
     return app
 
@@ -169,7 +170,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     key = request.app[STATE].cfg.api_key
-    if key and (request.path.startswith("/v1/") or route_family(request) == TEI):
+    if key and (request.path.startswith(("/v1/", "/v2/")) or route_family(request) == TEI):
         given = request.headers.get("Authorization", "")
         scheme, _, token = given.partition(" ")
         if not given:
@@ -257,6 +258,9 @@ def _model_card(state: IngressState, info: ModelInfo) -> dict[str, object]:
         # /v1/embeddings' prompt_name picks one; the default applies when none is named.
         "prompts": info.prompts,
         "default_prompt_name": info.default_prompt_name,
+        # "embed", or "score" for a cross-encoder (/rerank, /predict, /v1/rerank), its labels.
+        "task": info.task,
+        "labels": info.labels,
     }
 
 

@@ -227,6 +227,18 @@ async def _info(request: web.Request) -> web.Response:
     return json_response(info_doc(model_for(state, request), state))
 
 
+def model_type(model: ModelInfo) -> dict[str, object]:
+    """TEI's ``ModelType``: a cross-encoder of one label is a re-ranker, of several a
+    classifier (both with ``id2label`` and ``label2id``); anything else embeds."""
+    if model.task != "score":
+        return {"embedding": {"pooling": POOLING.get(model.pooling, model.pooling)}}
+    head = {
+        "id2label": {str(i): label for i, label in enumerate(model.labels)},
+        "label2id": {label: i for i, label in enumerate(model.labels)},
+    }
+    return {"reranker" if len(model.labels) == 1 else "classifier": head}
+
+
 def info_doc(model: ModelInfo, state: IngressState) -> dict[str, object]:
     """TEI's ``Info``. The worker's dtype and batch budget are not in the catalog: the dtype
     is "unknown" and the batch limits are the mesh's defaults (a worker may be started with
@@ -237,7 +249,7 @@ def info_doc(model: ModelInfo, state: IngressState) -> dict[str, object]:
         "model_sha": None,
         "model_dtype": "unknown",
         "served_model_name": model.name,
-        "model_type": {"embedding": {"pooling": POOLING.get(model.pooling, model.pooling)}},
+        "model_type": model_type(model),
         "max_concurrent_requests": MAX_CONCURRENT_REQUESTS,
         "max_input_length": model.max_input_tokens,
         "max_batch_tokens": MAX_BATCH_TOKENS_CPU,

@@ -230,3 +230,85 @@ def _token_inputs(seqs: list[list], *, nested: bool) -> TeiInputs:
     np.cumsum(lengths, out=offsets[1:])
     ids = np.fromiter((t for seq in seqs for t in seq), dtype=np.int64, count=int(offsets[-1]))
     return TeiInputs(token_ids=ids, offsets=offsets)
+
+
+@dataclass
+class RerankRequest:
+    """TEI's ``POST /rerank``: ``query`` against each of ``texts``."""
+
+    query: str
+    texts: list[str]
+    raw_scores: bool = False
+    return_text: bool = False
+    truncate: bool | None = None  # None: the server's --auto-truncate, as TEI
+    direction: str = "right"
+
+
+@dataclass
+class PredictRequest:
+    """TEI's ``POST /predict``: texts and pairs to classify; ``batched`` when ``inputs`` was a
+    list of them (the answer is then a list per input)."""
+
+    inputs: list[str | tuple[str, str]]
+    batched: bool
+    raw_scores: bool = False
+    truncate: bool | None = None
+    direction: str = "right"
+
+
+def parse_rerank_request(body: bytes, max_inputs: int) -> RerankRequest:
+    doc = _object(body)
+    query = _required(doc, "query")
+    if not isinstance(query, str):
+        raise ApiError.invalid("'query' must be a string", "query")
+    texts = _required(doc, "texts")
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise ApiError.invalid("'texts' must be a list of strings", "texts")
+    _counted(texts, max_inputs, "texts")
+    if not query and not all(texts):
+        raise ApiError.empty("'query' and a text cannot both be empty", "texts")
+    return RerankRequest(
+        query=query,
+        texts=texts,
+        raw_scores=_flag(doc, "raw_scores", False),
+        return_text=_flag(doc, "return_text", False),
+        truncate=_optional_flag(doc, "truncate"),
+        direction=_direction(doc.get("truncation_direction")),
+    )
+
+
+def parse_predict_request(body: bytes, max_inputs: int) -> PredictRequest:
+    """TEI's untagged ``PredictInput``: one text, one pair ``[a, b]`` (a list of exactly two
+    strings is a pair, as serde tries that first), or a list of texts and pairs."""
+    doc = _object(body)
+    value = _required(doc, "inputs")
+    shape = "'inputs' must be a string, a pair [text, text] or a list of strings and pairs"
+    batched = True
+    if isinstance(value, str):
+        inputs: list[str | tuple[str, str]] = [value]
+        batched = False
+    elif _is_pair(value):
+        inputs = [(value[0], value[1])]  # type: ignore[index]
+        batched = False
+    elif isinstance(value, list):
+        items = _counted(value, max_inputs, "inputs")
+        if not all(isinstance(v, str) or _is_pair(v) for v in items):
+            raise ApiError.invalid(shape, "inputs")
+        inputs = [v if isinstance(v, str) else (v[0], v[1]) for v in items]
+    else:
+        raise ApiError.invalid(shape, "inputs")
+    for i, x in enumerate(inputs):
+        if not (x if isinstance(x, str) else x[0] or x[1]):
+            where = f"inputs[{i}]" if batched else "'inputs'"
+            raise ApiError.empty(f"{where} cannot be empty", "inputs")
+    return PredictRequest(
+        inputs=inputs,
+        batched=batched,
+        raw_scores=_flag(doc, "raw_scores", False),
+        truncate=_optional_flag(doc, "truncate"),
+        direction=_direction(doc.get("truncation_direction")),
+    )
+
+
+def _is_pair(value: object) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)

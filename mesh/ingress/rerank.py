@@ -1,0 +1,233 @@
+"""Cross-encoder routes on the ingress's port: TEI's ``POST /rerank`` and ``POST /predict``, and
+the Cohere / Jina / vLLM ``POST /v1/rerank`` (``/v2/rerank`` is the same route: Cohere's v2
+path, which their clients call).
+
+- ``/rerank`` (TEI): ``query`` against each of ``texts``; ``raw_scores`` (false: the model's
+  activation, sigmoid for a one-label re-ranker), ``return_text``, ``truncate`` (the server's
+  ``--auto-truncate`` when absent), ``truncation_direction``; answer ``[{index, score,
+  text?}]`` sorted by score, highest first. A model of several labels is a classifier, not a
+  re-ranker: 422 (TEI answers 424 "model is not a re-ranker model").
+- ``/predict`` (TEI): ``inputs`` a text, a pair ``[a, b]``, or a list of them; ``raw_scores``;
+  per input ``[{score, label}]`` sorted by score (softmax over labels for a classifier,
+  sigmoid for a re-ranker, unless the model's CrossEncoder config names its own activation).
+- ``/v1/rerank``: ``model``, ``query``, ``documents`` (strings, or objects with ``text``),
+  ``top_n`` (all when absent), ``return_documents`` (true); answer ``{id, model, usage:
+  {total_tokens}, results: [{index, relevance_score, document?: {text}}]}`` sorted by score.
+
+One front door, as every route: the client resolves the model and tokenizes the pairs once
+(``MeshClient.prepare_scores``: as the model's tokenizer pairs them, truncated as TEI does),
+the broker schedules them like embedding work, and the worker returns raw logits, which the
+activation here turns into scores (``mesh.client.scores``). A score request to an embedding
+model (or embeddings from a cross-encoder) is a 422 naming what the model does. TEI's routes
+answer in TEI's error shape, ``/v1/rerank`` in the OpenAI one; all send TEI's timing headers.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+from aiohttp import web
+
+from mesh.client import EmbedResult, ValidRequest
+from mesh.client.pairs import ScoreInput
+from mesh.client.scores import activate
+from mesh.errors import InvalidInput
+from mesh.ingress import tei
+from mesh.ingress.http_errors import TEI, ApiError
+from mesh.ingress.schema import PRIORITY_HEADER, header_lane, json_type
+from mesh.ingress.schema import _lane as body_or_header_lane
+from mesh.ingress.state import STATE, IngressState, account, read_body
+from mesh.ingress.tei_schema import parse_predict_request, parse_rerank_request
+from proto_msgs import Lane, ModelInfo
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/rerank", _tei_rerank, name=f"{TEI}.rerank")
+    app.router.add_post("/predict", _tei_predict, name=f"{TEI}.predict")
+    app.router.add_post("/v1/rerank", _rerank)
+    app.router.add_post("/v2/rerank", _rerank)
+
+
+@dataclass
+class Scored:
+    """A scored request: what was sent, what came back, the logits ``[n, labels]``."""
+
+    valid: ValidRequest
+    result: EmbedResult
+    logits: np.ndarray
+    tokenize_s: float
+
+    def scores(self, raw: bool) -> np.ndarray:
+        """The model's scores (its activation), or the logits when ``raw``."""
+        return self.logits if raw else activate(self.logits, self.valid.model.activation)
+
+
+async def score(
+    state: IngressState, info: ModelInfo, inputs: list[ScoreInput], truncate: bool, left: bool,
+    lane: Lane | None,
+) -> Scored:  # fmt: skip
+    client = state.client
+    started = time.perf_counter()
+    valid = await client.prepare_scores(inputs, info.name, lane=lane, truncate=truncate, left=left)
+    prepared = time.perf_counter()
+    result = await client.submit(valid, state.cfg.request_timeout_s)
+    logits = account(state, valid, result, prepared - started, time.perf_counter() - prepared)
+    return Scored(valid, result, logits, prepared - started)
+
+
+def check_reranker(info: ModelInfo) -> None:
+    """A re-ranker is a cross-encoder of one label; InvalidInput naming what ``info`` is."""
+    if info.task == "score" and len(info.labels) != 1:
+        raise InvalidInput(
+            f"model {info.name!r} is a classifier of {len(info.labels)} labels, not a "
+            "re-ranker (one relevance score); classify with /predict",
+            param="model",
+        )
+
+
+def ranked(scores: np.ndarray) -> list[int]:
+    """Indices by score, highest first; ties keep the input order."""
+    return np.argsort(-scores, kind="stable").tolist()
+
+
+def _response(doc: object, scored: Scored, start: float, chars: int) -> web.Response:
+    headers = tei.timing_headers(
+        time.perf_counter() - start, scored.tokenize_s, scored.result, chars
+    )
+    return web.Response(body=orjson.dumps(doc), content_type="application/json", headers=headers)
+
+
+async def _tei_rerank(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    cfg = state.cfg
+    start = time.perf_counter()
+    req = parse_rerank_request(await read_body(request, cfg.max_body_bytes), cfg.max_inputs)
+    lane = header_lane(request.headers.get(PRIORITY_HEADER))
+    info = tei.model_for(state, request)
+    check_reranker(info)
+    truncate = cfg.auto_truncate if req.truncate is None else req.truncate
+    pairs: list[ScoreInput] = [(req.query, text) for text in req.texts]
+    scored = await score(state, info, pairs, truncate, req.direction == "left", lane)
+    scores = scored.scores(req.raw_scores)[:, 0].tolist()
+    body = [
+        {"index": i, "text": req.texts[i], "score": scores[i]}
+        if req.return_text
+        else {"index": i, "score": scores[i]}
+        for i in ranked(np.asarray(scores))
+    ]
+    chars = len(req.query) * len(req.texts) + sum(map(len, req.texts))
+    return _response(body, scored, start, chars)
+
+
+async def _tei_predict(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    cfg = state.cfg
+    start = time.perf_counter()
+    req = parse_predict_request(await read_body(request, cfg.max_body_bytes), cfg.max_inputs)
+    lane = header_lane(request.headers.get(PRIORITY_HEADER))
+    info = tei.model_for(state, request)
+    truncate = cfg.auto_truncate if req.truncate is None else req.truncate
+    scored = await score(state, info, req.inputs, truncate, req.direction == "left", lane)
+    labels = scored.valid.model.labels
+    answers = [
+        [{"score": row[j], "label": labels[j]} for j in ranked(np.asarray(row))]
+        for row in scored.scores(req.raw_scores).tolist()
+    ]
+    chars = sum(len(x) if isinstance(x, str) else len(x[0]) + len(x[1]) for x in req.inputs)
+    return _response(answers if req.batched else answers[0], scored, start, chars)
+
+
+@dataclass
+class V1RerankRequest:
+    model: str
+    query: str
+    documents: list[str]
+    top_n: int | None = None
+    return_documents: bool = True
+    lane: Lane | None = None
+
+
+async def _rerank(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    cfg = state.cfg
+    start = time.perf_counter()
+    req = parse_v1_rerank_request(
+        await read_body(request, cfg.max_body_bytes), cfg.max_inputs,
+        request.headers.get(PRIORITY_HEADER),
+    )  # fmt: skip
+    info = state.client.resolve(req.model)
+    check_reranker(info)
+    pairs: list[ScoreInput] = [(req.query, doc) for doc in req.documents]
+    scored = await score(state, info, pairs, cfg.auto_truncate, False, req.lane)
+    scores = scored.scores(raw=False)[:, 0].tolist()
+    order = ranked(np.asarray(scores))[: req.top_n]
+    results = [
+        {"index": i, "relevance_score": scores[i], "document": {"text": req.documents[i]}}
+        if req.return_documents
+        else {"index": i, "relevance_score": scores[i]}
+        for i in order
+    ]
+    doc = {
+        "id": f"rerank-{uuid.uuid4().hex}",
+        "model": info.name,
+        "usage": {"total_tokens": scored.result.prompt_tokens},
+        "results": results,
+    }
+    chars = len(req.query) * len(req.documents) + sum(map(len, req.documents))
+    return _response(doc, scored, start, chars)
+
+
+def parse_v1_rerank_request(
+    body: bytes, max_inputs: int, priority_header: str | None = None
+) -> V1RerankRequest:
+    """The Cohere / Jina / vLLM rerank body, checked by hand as ``schema`` checks the
+    embeddings one (400 not an object, 422 a bad value, 413 too many documents)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError.malformed(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ApiError.malformed("the body must be a JSON object")
+    model, query = doc.get("model"), doc.get("query")
+    if not isinstance(model, str) or not model:
+        raise ApiError.invalid("'model' is required: a non-empty string", "model")
+    if not isinstance(query, str) or not query:
+        raise ApiError.invalid("'query' is required: a non-empty string", "query")
+    top_n = doc.get("top_n")
+    if top_n is not None and (type(top_n) is not int or top_n < 1):
+        raise ApiError.invalid(f"'top_n' must be a positive integer; got {top_n!r}", "top_n")
+    flag = doc.get("return_documents", True)
+    if not isinstance(flag, bool):
+        raise ApiError.invalid(
+            f"'return_documents' must be true or false; got {json_type(flag)}",
+            "return_documents",
+        )
+    return V1RerankRequest(
+        model=model,
+        query=query,
+        documents=_documents(doc.get("documents"), max_inputs),
+        top_n=top_n,
+        return_documents=flag,
+        # ``priority`` in the body (ours, as on /v1/embeddings), else the header.
+        lane=body_or_header_lane(doc.get("priority"), priority_header),
+    )
+
+
+def _documents(value: object, max_inputs: int) -> list[str]:
+    shape = "'documents' must be a list of strings or of objects with a 'text' string"
+    if not isinstance(value, list):
+        raise ApiError.invalid(shape, "documents")
+    if not value:
+        raise ApiError.invalid("'documents' cannot be empty", "documents")
+    if len(value) > max_inputs:
+        raise ApiError.too_large(
+            f"{len(value)} documents; at most {max_inputs} per request", "documents"
+        )
+    texts = [v.get("text") if isinstance(v, dict) else v for v in value]
+    if not all(isinstance(t, str) for t in texts):
+        raise ApiError.invalid(shape, "documents")
+    return texts  # type: ignore[return-value]
