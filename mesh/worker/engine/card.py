@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from mesh.worker.engine.classifier import read_classifier
-from mesh.worker.engine.models.registry import Family, spec_for_config, spec_for_family
+from mesh.worker.engine.models.registry import (
+    Family,
+    spec_for_config,
+    spec_for_family,
+    standard_config,
+)
 from mesh.worker.engine.st_config import DenseLayer, Pooling, StPipeline, read_st_pipeline
 
 __all__ = ["DenseLayer", "ModelCard", "Pooling", "read_card"]
@@ -69,11 +74,12 @@ def _read_json(path: Path) -> Any:
 
 
 def read_config(model_dir: str | Path) -> dict[str, Any]:
-    """``config.json`` as a dict; raises FileNotFoundError when missing."""
+    """``config.json`` as a dict, remote-code names read as transformers names
+    (:func:`.models.registry.standard_config`); raises FileNotFoundError when missing."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"no config.json in {model_dir}")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return standard_config(json.loads(path.read_text(encoding="utf-8")))
 
 
 def model_family(config: dict[str, Any]) -> Family:

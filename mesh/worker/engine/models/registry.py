@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Family = Literal[
-    "bert", "xlm-roberta", "mpnet", "qwen3", "qwen2", "mistral", "modernbert", "gemma3"
+    "bert", "xlm-roberta", "mpnet", "qwen3", "qwen2", "mistral", "modernbert", "nomic", "gemma3"
 ]
 # How the position table bounds an input: "table" (absolute positions from 0: at most
 # max_position_embeddings tokens), "after_pad" (RoBERTa-style, from padding_idx + 1: two
@@ -69,6 +69,17 @@ FAMILIES: tuple[FamilySpec, ...] = (
         ("model.",),
         positions="rotary",
     ),
+    # NomicBERT and the new GTE: transformers' NomicBertModel / GteModel (none; heads:
+    # "nomic_bert." / "gte."), the Hub's remote-code NomicBertModel (none) and NewModel
+    # ("new." under its heads).
+    FamilySpec(
+        "nomic",
+        ("nomic_bert", "gte", "new"),
+        "nomic",
+        "NomicBertEncoder",
+        ("0.auto_model.", "nomic_bert.", "gte.", "new."),
+        positions="rotary",
+    ),
     # Qwen3Model: none; Qwen3ForCausalLM: "model." (lm_head is never asked for).
     FamilySpec("qwen3", ("qwen3",), "decoder", "Qwen3Embedder", ("model.",), True, "rotary"),
     FamilySpec("qwen2", ("qwen2",), "decoder", "Qwen2Embedder", ("model.",), True, "rotary"),
@@ -96,6 +107,44 @@ def spec_for_config(config: dict[str, Any]) -> FamilySpec:
         served = ", ".join(sorted(_BY_MODEL_TYPE))
         raise ValueError(f"unsupported model_type {model_type!r}; served: {served}")
     return spec
+
+
+# Remote-code config names (the Hub's nomic-embed-text) -> the transformers names that the
+# card and the models read; taken only where the transformers name is absent.
+_CONFIG_ALIASES: dict[str, dict[str, str]] = {
+    "nomic_bert": {
+        "n_embd": "hidden_size",
+        "n_head": "num_attention_heads",
+        "n_layer": "num_hidden_layers",
+        "n_positions": "max_position_embeddings",
+        "layer_norm_epsilon": "layer_norm_eps",
+        "rotary_emb_base": "rope_theta",
+    },
+}
+# Nomic's remote code: these activation_function values make a gated MLP of that activation;
+# any other makes an ungated one, which the family does not implement.
+_NOMIC_GLU = {"swiglu": "silu", "geglu": "gelu", "glu": "sigmoid"}
+# transformers' default rope theta where a config states none.
+_DEFAULT_THETA = {"nomic_bert": 1000.0, "gte": 160_000.0}
+
+
+def standard_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config.json`` with remote-code names read as transformers names (a copy; the
+    original where nothing applies)."""
+    model_type = str(config.get("model_type", ""))
+    aliases = _CONFIG_ALIASES.get(model_type, {})
+    if not aliases and model_type not in _DEFAULT_THETA:
+        return config
+    out = dict(config)
+    for old, new in aliases.items():
+        if old in out and new not in out:
+            out[new] = out[old]
+    if model_type == "nomic_bert" and "activation_function" in out and "hidden_act" not in out:
+        fn = str(out["activation_function"])
+        out["hidden_act"] = _NOMIC_GLU.get(fn, f"{fn} (ungated MLP)")
+    if "rope_theta" not in out and not out.get("rope_parameters"):
+        out["rope_theta"] = _DEFAULT_THETA.get(model_type)
+    return out
 
 
 def spec_for_family(family: str) -> FamilySpec:

@@ -1,0 +1,207 @@
+"""NomicBERT (nomic-embed-text) and the new GTE (gte-*-v1.5, gte-multilingual) over packed
+batches: post-LN encoders with rotary positions and a gated MLP.
+
+Same math as Hugging Face ``NomicBertModel`` and ``GteModel``: word embeddings (plus token
+type 0 where the model has types) and a LayerNorm, then layers of bidirectional attention
+with RoPE, residual + LayerNorm, a GLU MLP (``down(act(gate) * up)``: SwiGLU for Nomic,
+GeGLU for GTE), residual + LayerNorm. GTE has q/k/v/o and down biases, Nomic none: biases are
+taken where the checkpoint has them.
+
+Three weight layouts load: transformers' own (``layers.N.self_attn.q_proj`` ...), and the
+remote-code checkpoints on the Hub, which transformers converts on load (its
+``conversion_mapping``) and writes back on save: Nomic's (``encoder.layers.N.attn.Wqkv``, ``mlp.fc11`` = up,
+``mlp.fc12`` = gate, ``norm1``/``norm2``, ``emb_ln``) and GTE's ``NewModel``
+(``encoder.layer.N.attention.qkv_proj``, ``mlp.up_gate_proj`` = up then gate,
+``attn_ln``/``mlp_ln``). The remote-code config names (``n_embd``, ``rotary_emb_base`` ...)
+are read by :func:`.registry.standard_config`.
+
+On CUDA: FlashInfer attention and CUDA graphs (no masks needed); the non-GEMM parts run in
+eager torch (no fused kernels yet: ``use_kernels`` answers "torch").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mesh.worker.engine.attention import AttentionBackend
+from mesh.worker.engine.models.blocks import (
+    Activation,
+    activation,
+    apply_rope,
+    check_default_rope,
+    check_kernels,
+    gated_mlp,
+    layer_norm,
+    rope_cos_sin,
+    rope_inv_freq,
+    rope_parameters,
+    split_qkv,
+)
+from mesh.worker.engine.weights import Weights, WeightSource
+
+# Our parts -> each layout's names. "qkv" and "gate_up" lists are concatenated in order
+# (q, k, v; gate then up, the order gated_mlp reads).
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "transformers": {
+        "emb_ln": "embeddings.LayerNorm",
+        "layer": "layers.{}.",
+        "qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+        "o": "self_attn.o_proj",
+        "ln1": "post_attention_layernorm",
+        "gate_up": ["mlp.gate_proj", "mlp.up_proj"],
+        "down": "mlp.down_proj",
+        "ln2": "post_mlp_layernorm",
+    },
+    "nomic": {
+        "emb_ln": "emb_ln",
+        "layer": "encoder.layers.{}.",
+        "qkv": ["attn.Wqkv"],
+        "o": "attn.out_proj",
+        "ln1": "norm1",
+        "gate_up": ["mlp.fc12", "mlp.fc11"],
+        "down": "mlp.fc2",
+        "ln2": "norm2",
+    },
+    "gte-new": {
+        "emb_ln": "embeddings.LayerNorm",
+        "layer": "encoder.layer.{}.",
+        "qkv": ["attention.qkv_proj"],
+        "o": "attention.o_proj",
+        "ln1": "attn_ln",
+        "up_gate": "mlp.up_gate_proj",  # up then gate: swapped at load
+        "down": "mlp.down_proj",
+        "ln2": "mlp_ln",
+    },
+}
+
+
+def _layout(source: WeightSource) -> dict[str, Any]:
+    for name, layout in LAYOUTS.items():
+        if layout["layer"].format(0) + layout["o"] + ".weight" in source:
+            return {"name": name} | layout
+    raise KeyError("no NomicBERT / GTE attention weights found in checkpoint")
+
+
+def _cat(w: Weights, parts: list[str], kind: str) -> torch.Tensor | None:
+    if f"{parts[0]}.{kind}" not in w:
+        return None
+    return w.cat([f"{p}.{kind}" for p in parts])
+
+
+class RotaryPostLnLayer(nn.Module):
+    def __init__(self, w: Weights, names: dict[str, Any], heads: int, eps: float, act: Activation):
+        super().__init__()
+        self.heads, self.eps, self.act = heads, eps, act
+        self.register_buffer("qkv_w", _cat(w, names["qkv"], "weight"))
+        self.register_buffer("qkv_b", _cat(w, names["qkv"], "bias"))
+        for ours in ("o", "ln1", "down", "ln2"):
+            self.register_buffer(f"{ours}_w", w(f"{names[ours]}.weight"))
+            self.register_buffer(f"{ours}_b", w.optional(f"{names[ours]}.bias"))
+        if "up_gate" in names:
+            up, gate = w(f"{names['up_gate']}.weight").chunk(2, dim=0)
+            self.register_buffer("gate_up_w", torch.cat((gate, up)))
+            if f"{names['up_gate']}.bias" in w:
+                raise NotImplementedError("gte: a bias on mlp.up_gate_proj is not supported")
+            self.register_buffer("gate_up_b", None)
+        else:
+            self.register_buffer("gate_up_w", _cat(w, names["gate_up"], "weight"))
+            self.register_buffer("gate_up_b", _cat(w, names["gate_up"], "bias"))
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        d = x.shape[1] // self.heads
+        q, k, v = split_qkv(F.linear(x, self.qkv_w, self.qkv_b), (self.heads, self.heads, d))
+        a = attn.run(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v).reshape(x.shape)
+        x = layer_norm(x + F.linear(a, self.o_w, self.o_b), self.ln1_w, self.ln1_b, self.eps)
+        h = gated_mlp(x, self.gate_up_w, self.down_w, self.act, self.gate_up_b, self.down_b)
+        return layer_norm(x + h, self.ln2_w, self.ln2_b, self.eps)
+
+
+class NomicBertEncoder(nn.Module):
+    """``forward(ids[T], positions[T], attn) -> [T, hidden]`` for a planned packed batch."""
+
+    family = "nomic"
+    needs_masks = False
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        source: WeightSource,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        causal: bool = False,
+    ) -> None:
+        super().__init__()
+        act = self.check_supported(config)
+        self.dtype = dtype
+        self.vocab_size = int(config["vocab_size"])
+        self.num_heads = self.num_kv_heads = int(config["num_attention_heads"])
+        self.head_dim = int(config.get("head_dim") or config["hidden_size"] // self.num_heads)
+        self.eps = float(config.get("layer_norm_eps", 1e-12))
+        theta = rope_parameters(config).get("rope_theta")
+        if theta is None:  # transformers' defaults are filled in by registry.standard_config
+            raise NotImplementedError(
+                f"{self.family}: a config without rope_theta is not supported"
+            )
+        theta = float(theta)
+        self.register_buffer("inv_freq", rope_inv_freq(self.head_dim, theta, device))
+        names = _layout(source)
+        w = Weights(source, dtype, device)
+        self.register_buffer("word", w("embeddings.word_embeddings.weight"))
+        types = w.optional("embeddings.token_type_embeddings.weight")
+        self.register_buffer("type0", None if types is None else types[0])
+        self.register_buffer("emb_ln_w", w(f"{names['emb_ln']}.weight"))
+        self.register_buffer("emb_ln_b", w.optional(f"{names['emb_ln']}.bias"))
+        self.layers = nn.ModuleList(
+            RotaryPostLnLayer(
+                w.under(names["layer"].format(i)), names, self.num_heads, self.eps, act
+            )
+            for i in range(int(config["num_hidden_layers"]))
+        )
+        self.kernels = "torch"
+
+    @classmethod
+    def check_supported(cls, config: dict[str, Any]) -> Activation:
+        """Refuse what the math here does not do; the MLP's activation otherwise."""
+        check_default_rope(rope_parameters(config), cls.family)
+        refused = {
+            "prenorm": True,
+            "rotary_emb_interleaved": True,
+            "use_rms_norm": True,
+            "logn_attention_scale": True,
+        }
+        for key, value in refused.items():
+            if config.get(key) == value:
+                raise NotImplementedError(f"{cls.family}: {key}: {value} is not supported")
+        limits = {"rotary_emb_fraction": 1.0, "position_embedding_type": "rope"}
+        limits |= {"layer_norm_type": "layer_norm", "rotary_scaling_factor": None}
+        for key, served in limits.items():
+            if key in config and config[key] != served:
+                raise NotImplementedError(
+                    f"{cls.family}: {key} {config[key]!r} is not supported ({served!r})"
+                )
+        if config.get("moe_every_n_layers"):
+            raise NotImplementedError(f"{cls.family}: mixture-of-experts layers are not supported")
+        return activation(str(config.get("hidden_act", "silu")), cls.family)
+
+    def use_kernels(self, kernels: str, exact_gelu: bool = False) -> str:
+        """Eager torch whatever is asked (no compiled or fused path yet); returns "torch"."""
+        check_kernels(kernels)
+        return self.kernels
+
+    def forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        x = self.word[ids]
+        if self.type0 is not None:
+            x = x + self.type0
+        x = layer_norm(x, self.emb_ln_w, self.emb_ln_b, self.eps)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos[:, None], sin[:, None], attn)
+        return x

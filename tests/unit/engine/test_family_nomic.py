@@ -1,0 +1,147 @@
+"""Our NomicBERT / new GTE encoder equals transformers' NomicBertModel and GteModel in fp32:
+in the Hub's remote-code weight layouts (which save_pretrained writes and transformers
+converts back on load: nomic-embed-text's Wqkv/fc11/fc12, gte-v1.5's NewModel), in
+transformers' own (a state dict saved as is), with the Hub's config names (n_embd, ...,
+model_type "new"); refusals by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from engine_helpers import (
+    assert_matches_reference,
+    pack,
+    random_seqs,
+    randomize,
+    reference_pooled,
+    save_model_dir,
+)
+from safetensors.torch import load_file, save_file
+
+from mesh.worker.engine.card import read_card
+from mesh.worker.engine.engine import Engine
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 300
+LENGTHS = [1, 5, 2, 77, 16, 120, 9]
+SMALL = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=256,
+    pad_token_id=0,
+)
+
+
+def _model(kind: str, seed: int, **kw) -> torch.nn.Module:  # noqa: ANN003
+    config = getattr(transformers, f"{kind}Config")(**(SMALL | kw))
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{kind}Model")(config).eval()
+    randomize(model, seed=seed)
+    return model
+
+
+@pytest.fixture
+def nomic() -> torch.nn.Module:
+    return _model(
+        "NomicBert", seed=81, rope_parameters={"rope_type": "default", "rope_theta": 1000.0}
+    )
+
+
+@pytest.fixture
+def gte() -> torch.nn.Module:
+    return _model("Gte", seed=82, type_vocab_size=1, hidden_act="gelu")
+
+
+@pytest.mark.parametrize("kind", ["nomic", "gte"])
+def test_pooled_output_matches_transformers(request, tmp_path: Path, kind: str) -> None:
+    model = request.getfixturevalue(kind)
+    engine = Engine.load(save_model_dir(model, tmp_path / kind, VOCAB, "mean"))
+    assert (engine.card.family, engine.card.max_input_tokens) == ("nomic", 256)
+    seqs = random_seqs(VOCAB, LENGTHS, seed=83)
+    assert_matches_reference(engine.embed(*pack(seqs)), reference_pooled(model, seqs, "mean"))
+
+
+def test_the_transformers_layout_of_nomic_loads_the_same(nomic, tmp_path: Path) -> None:
+    # NomicBert's save_pretrained writes the Hub's remote-code names (transformers converts
+    # them back on load); a state dict saved as is has transformers' own.
+    path = save_model_dir(nomic, tmp_path / "own", VOCAB, "mean")
+    state = {k: v.contiguous() for k, v in nomic.state_dict().items()}
+    save_file(state, str(path / "model.safetensors"))
+    assert "layers.0.self_attn.q_proj.weight" in load_file(str(path / "model.safetensors"))
+    seqs = random_seqs(VOCAB, LENGTHS, seed=86)
+    ref = reference_pooled(nomic, seqs, "mean")
+    assert_matches_reference(Engine.load(path).embed(*pack(seqs)), ref)
+
+
+def _edit_config(path: Path, changes: dict, drop: tuple[str, ...] = ()) -> None:
+    config = json.loads((path / "config.json").read_text())
+    for key in drop:
+        config.pop(key, None)
+    (path / "config.json").write_text(json.dumps(config | changes))
+
+
+def test_the_hub_nomic_config_names_read_the_same(nomic, tmp_path: Path) -> None:
+    path = save_model_dir(nomic, tmp_path / "hub", VOCAB, "mean")
+    assert "encoder.layers.0.attn.Wqkv.weight" in load_file(str(path / "model.safetensors"))
+    config = json.loads((path / "config.json").read_text())
+    names = {"n_embd": "hidden_size", "n_head": "num_attention_heads"}
+    names |= {"n_layer": "num_hidden_layers", "n_positions": "max_position_embeddings"}
+    hub = {theirs: config[ours] for theirs, ours in names.items()}
+    hub |= {"rotary_emb_base": 1000.0, "activation_function": "swiglu", "prenorm": False}
+    hub |= {"rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False}
+    hub |= {"layer_norm_epsilon": 1e-12, "rotary_scaling_factor": None}
+    drop = (*names.values(), "rope_parameters", "hidden_act", "layer_norm_eps", "intermediate_size")
+    _edit_config(path, hub, drop)
+    card = read_card(path)
+    assert (card.dims, card.max_input_tokens) == (64, 256)
+    seqs = random_seqs(VOCAB, LENGTHS, seed=84)
+    ref = reference_pooled(nomic, seqs, "mean")
+    assert_matches_reference(Engine.load(path).embed(*pack(seqs)), ref)
+
+
+def test_the_hub_gte_new_model_layout_loads_the_same(gte, tmp_path: Path) -> None:
+    # GteModel's save_pretrained writes the Hub's NewModel names (qkv_proj, up_gate_proj:
+    # up then gate); a NewForMaskedLM puts them under "new.".
+    path = save_model_dir(gte, tmp_path / "new", VOCAB, "cls")
+    weights = load_file(str(path / "model.safetensors"))
+    assert "encoder.layer.0.mlp.up_gate_proj.weight" in weights
+    save_file({f"new.{k}": v for k, v in weights.items()}, str(path / "model.safetensors"))
+    config = json.loads((path / "config.json").read_text())
+    changes = {"model_type": "new", "rope_theta": config["rope_parameters"]["rope_theta"]}
+    changes |= {"position_embedding_type": "rope", "layer_norm_type": "layer_norm"}
+    _edit_config(path, changes, ("rope_parameters",))
+    seqs = random_seqs(VOCAB, LENGTHS, seed=85)
+    ref = reference_pooled(gte, seqs, "cls")
+    assert_matches_reference(Engine.load(path).embed(*pack(seqs)), ref)
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"prenorm": True}, "prenorm: True"),
+        ({"rotary_emb_fraction": 0.5}, "rotary_emb_fraction 0.5"),
+        ({"rotary_emb_interleaved": True}, "rotary_emb_interleaved"),
+        ({"hidden_act": "quick_gelu"}, "hidden_act 'quick_gelu'"),
+        ({"rope_parameters": {"rope_type": "ntk", "rope_theta": 1e4, "factor": 2.0}}, "'ntk'"),
+        ({"moe_every_n_layers": 2}, "mixture-of-experts"),
+    ],
+)
+def test_options_we_do_not_run_are_refused_by_name(nomic, tmp_path, changes, named) -> None:
+    path = save_model_dir(nomic, tmp_path / "x", VOCAB, "mean", changes)
+    with pytest.raises(NotImplementedError, match=named):
+        Engine.load(path)
+
+
+def test_an_ungated_hub_mlp_is_refused_by_name(nomic, tmp_path: Path) -> None:
+    changes = {"activation_function": "gelu"}  # the Hub config's name: an ungated MLP
+    path = save_model_dir(nomic, tmp_path / "u", VOCAB, "mean")
+    _edit_config(path, changes, ("hidden_act",))
+    with pytest.raises(NotImplementedError, match="ungated MLP"):
+        Engine.load(path)
