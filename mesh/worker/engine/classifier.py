@@ -87,7 +87,8 @@ def read_classifier(
 
 def _labels(config: dict[str, Any]) -> list[str]:
     id2label = config.get("id2label") or {}
-    n = int(config.get("num_labels") or len(id2label) or 1)
+    # transformers leaves its default out of config.json: two labels, LABEL_0 and LABEL_1.
+    n = int(config.get("num_labels") or len(id2label) or 2)
     if id2label and len(id2label) != n:
         raise ValueError(f"config.json: id2label has {len(id2label)} labels, num_labels {n}")
     return [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(n)]

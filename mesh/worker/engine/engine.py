@@ -83,6 +83,8 @@ class Engine:
     kernels: str = "torch"
     # sentence-transformers Dense layers after pooling (fp32); None when the model has none.
     dense: torch.nn.Module | None = None
+    # A cross-encoder's token type 1 as an id shift (BertEncoder.fold_pair_types); 0: none.
+    pair_shift: int = 0
 
     @classmethod
     def load(
@@ -144,23 +146,28 @@ class Engine:
             model.use_kernels(kernels, exact_gelu=exact_gelu)
         else:
             model.use_kernels(kernels)
+        pair_shift = 0
         if card.task == "score":  # a cross-encoder: its head from the checkpoint itself
             prefixes = spec_for_config(read_config(model_dir)).prefixes
             dense = load_classifier(model_dir, card.dense, prefixes, device)
+            fold = getattr(model, "fold_pair_types", None)
+            pair_shift = fold() if fold is not None else 0
         else:
             dense = load_dense(model_dir, card.dense, device)
         budget = max_batch_tokens or default_max_batch_tokens(device.type, graph_max_tokens)
         if device.type != "cuda" or attention is not None:
             backend = attention or cpu_backend()
             return cls(
-                card, model, device, model.dtype, budget, backend, kernels=kernels, dense=dense
-            )
+                card, model, device, model.dtype, budget, backend, kernels=kernels, dense=dense,
+                pair_shift=pair_shift,
+            )  # fmt: skip
         from mesh.worker.engine.gpu import GpuRunner
 
         runner = GpuRunner(model, card, device, graph_max_tokens, graphs, dense=dense)
         return cls(
-            card, model, device, model.dtype, budget, runner.eager_attn, runner, kernels, dense
-        )
+            card, model, device, model.dtype, budget, runner.eager_attn, runner, kernels, dense,
+            pair_shift,
+        )  # fmt: skip
 
     def warmup(self, buckets: list[int]) -> None:
         """CUDA: capture the graphs of these token buckets now (no-op on CPU)."""
@@ -196,28 +203,27 @@ class Engine:
 
         ``pairs``: int ``[n]``, for a cross-encoder (``card.task == "score"``): where each
         sequence's second text begins (token type 1 from there to its end), 0 for a single
-        text; ValueError for another model or a split outside its sequence.
+        text; ValueError for another model or a split outside its sequence. Type 1 travels
+        as the ids shifted by ``pair_shift`` (into the folded half of the word table), so a
+        batch of pairs runs the same forward, and on CUDA replays the same graphs.
         """
         lengths = self._validate(ids, offsets)
         skip = self._validate_skip(skip, lengths)
         types = self._token_types(pairs, offsets, lengths)
+        if types is not None and self.pair_shift:
+            ids = ids.astype(np.int64) + self.pair_shift * types
         n = lengths.shape[0]
         if n == 0:
             return torch.zeros(0, self.card.dims, dtype=torch.float32, device=self.device)
         if self.runner is not None:
             with torch.inference_mode():
-                return self.runner.embed(ids, offsets, skip, types)
+                return self.runner.embed(ids, offsets, skip)
         with torch.inference_mode():
             ids_t = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
             cu = torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.int32)).to(self.device)
             skip_t = None if skip is None else torch.from_numpy(skip).to(self.device)
             self.attention.plan(cu, self.card.causal)
-            pos = positions(cu, ids_t.shape[0])
-            if types is None:
-                hidden = self.model(ids_t, pos, self.attention)
-            else:
-                types_t = torch.from_numpy(types).to(self.device)
-                hidden = self.model(ids_t, pos, self.attention, types_t)
+            hidden = self.model(ids_t, positions(cu, ids_t.shape[0]), self.attention)
             pooled = pool(hidden, cu, self.card.pooling, skip_t)
             return pooled if self.dense is None else self.dense(pooled)
 

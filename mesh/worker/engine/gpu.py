@@ -154,18 +154,11 @@ class GpuRunner:
         return None
 
     def embed(
-        self,
-        ids: np.ndarray,
-        offsets: np.ndarray,
-        skip: np.ndarray | None = None,
-        types: np.ndarray | None = None,
+        self, ids: np.ndarray, offsets: np.ndarray, skip: np.ndarray | None = None
     ) -> torch.Tensor:
         """Pooled ``float32 [n, D]`` on the device for a validated packed batch (``skip``:
-        int64 ``[n]`` leading tokens left out of the pooling, or None).
-
-        ``types``: int64 ``[total]`` token types of a cross-encoder batch holding pairs. Such a
-        batch runs eagerly: the graphs are captured without a token-type input (single texts,
-        type 0 folded into the embeddings), so only batches without a pair replay them."""
+        int64 ``[n]`` leading tokens left out of the pooling, or None). A cross-encoder's pairs
+        come as shifted ids (``Engine.embed``): they replay the graphs as single texts do."""
         offsets = np.ascontiguousarray(offsets, dtype=np.int32)
         lengths = np.diff(offsets)
         n, total = len(lengths), int(offsets[-1])
@@ -175,7 +168,7 @@ class GpuRunner:
         self._turn = (self._turn + 1) % len(self.staging)
         ids_h, pos_h, cu_h = stage.fill(ids, pos, offsets)
         bucket = self.bucket_for(total, n)
-        graph = self.graphs.get(bucket) if bucket is not None and types is None else None
+        graph = self.graphs.get(bucket) if bucket is not None else None
         if graph is not None:
             self.graph_batches += 1
             graph.ids[:total].copy_(ids_h, non_blocking=True)
@@ -192,10 +185,7 @@ class GpuRunner:
         cu_d = cu_h.to(self.device, non_blocking=True)
         self.eager_attn.plan(cu_h, self.card.causal)
         stage.copied.record()
-        if types is None:
-            hidden = self.model(ids_d, pos_d, self.eager_attn)
-        else:  # a pageable copy, as skip's: this batch is eager anyway
-            hidden = self.model(ids_d, pos_d, self.eager_attn, torch.from_numpy(types).to(ids_d))
+        hidden = self.model(ids_d, pos_d, self.eager_attn)
         # Rare (include_prompt: false models only): a small pageable copy is fine here.
         skip_d = None if skip is None else torch.from_numpy(skip).to(self.device)
         pooled = pool(hidden, cu_d, self.card.pooling, skip_d)

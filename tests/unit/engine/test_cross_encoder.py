@@ -158,3 +158,32 @@ def test_without_a_configured_activation_tei_rule_applies(model_dir: Path, tmp_p
     soft = activate(logits, "softmax")
     np.testing.assert_allclose(soft.sum(axis=1), 1.0, rtol=1e-6)
     np.testing.assert_allclose(activate(logits, "sigmoid")[1, :2], [1.0, 0.0])
+
+
+@pytest.mark.parametrize(
+    "cls_name", ["XLMRobertaForSequenceClassification", "MPNetForSequenceClassification"]
+)
+def test_roberta_style_heads_equal_transformers(cls_name: str, tmp_path: Path) -> None:
+    from engine_helpers import pack, random_seqs, randomize, save_model_dir
+
+    vocab = 300
+    kind = "XLMRoberta" if cls_name.startswith("XLM") else "MPNet"
+    config = getattr(transformers, f"{kind}Config")(
+        vocab_size=vocab, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=130, type_vocab_size=1, pad_token_id=1,
+        num_labels=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    hf = getattr(transformers, cls_name)(config).eval()
+    randomize(hf, seed=41)
+    engine = Engine.load(save_model_dir(hf, tmp_path / kind, vocab))
+    assert (engine.card.task, engine.card.dims, engine.card.activation) == ("score", 2, "softmax")
+    seqs = random_seqs(vocab, [7, 30, 3, 64], seed=42)
+    seqs = [[0] + [max(t, 3) for t in s] + [2] for s in seqs]  # <s> ... </s>, no pad inside
+    ids, offsets = pack(seqs)
+    # One token type: a pair's split changes nothing, as in transformers (types all 0).
+    ours = engine.embed(ids, offsets, pairs=np.array([3, 0, 2, 10], dtype=np.int32)).numpy()
+    for i, s in enumerate(seqs):
+        with torch.no_grad():
+            ref = hf(input_ids=torch.tensor([s])).logits[0].numpy()
+        np.testing.assert_allclose(ours[i], ref, atol=2e-5, rtol=1e-4)

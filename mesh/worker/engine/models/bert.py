@@ -110,9 +110,10 @@ class BertEncoder(nn.Module):
         # Token type is always 0 for single-text embedding: fold its row in once.
         types = w("embeddings.token_type_embeddings.weight") if self.token_types else None
         self.register_buffer("type0", None if types is None else types[0])
-        # A cross-encoder's pair has type 1 on its second text: then the rows are looked up.
+        # Type 1 less type 0, for a cross-encoder's pairs (fold_pair_types); None with one type.
         pairs = types is not None and types.shape[0] > 1
-        self.register_buffer("type_rows", types if pairs else None)
+        self.register_buffer("type1_delta", types[1] - types[0] if pairs else None)
+        self.pair_shift = 0
         self.register_buffer("ln_w", w("embeddings.LayerNorm.weight"))
         self.register_buffer("ln_b", w("embeddings.LayerNorm.bias"))
         self.layers = nn.ModuleList(
@@ -150,25 +151,27 @@ class BertEncoder(nn.Module):
         """Rows of the position table for each token (BERT: its position in its sequence)."""
         return positions
 
-    def embed(
-        self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def fold_pair_types(self) -> int:
+        """For a cross-encoder: double the word table, its second half carrying token type 1
+        (``word + type1 - type0``; type 0 is added as ever), so that a pair's second text is
+        its ids shifted by the returned amount. No type input then: the same forward and CUDA
+        graphs serve pairs. 0 for a model of one token type (its pairs are typed 0)."""
+        if self.type1_delta is not None and not self.pair_shift:
+            self.pair_shift = self.word.shape[0]
+            folded = self.word.float() + self.type1_delta.float()  # rounded once, not twice
+            self.word = torch.cat([self.word, folded.to(self.word.dtype)])
+        return self.pair_shift
+
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.word[ids] + self.pos[self.position_ids(ids, positions)]
-        if types is not None and self.type_rows is not None:
-            x = x + self.type_rows[types]
-        elif self.type0 is not None:
+        if self.type0 is not None:
             x = x + self.type0
         return F.layer_norm(x, (self.hidden,), self.ln_w, self.ln_b, self.eps)
 
     def forward(
-        self,
-        ids: torch.Tensor,
-        positions: torch.Tensor,
-        attn: AttentionBackend,
-        types: torch.Tensor | None = None,
+        self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
     ) -> torch.Tensor:
-        """``types``: int64 ``[T]`` token type ids (pairs of a cross-encoder); None: all 0."""
-        x = self.embed(ids, positions, types)
+        x = self.embed(ids, positions)
         for layer in self.layers:
             x = layer(x, attn, self._after, self.rel_bias)
         return x
