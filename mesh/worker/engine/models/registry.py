@@ -80,6 +80,8 @@ FAMILIES: tuple[FamilySpec, ...] = (
         ("0.auto_model.", "nomic_bert.", "gte.", "new."),
         positions="rotary",
     ),
+    # Gemma3TextModel (EmbeddingGemma): none; Gemma3ForCausalLM: "model.".
+    FamilySpec("gemma3", ("gemma3_text",), "gemma3", "Gemma3Embedder", ("model.",), True, "rotary"),
     # Qwen3Model: none; Qwen3ForCausalLM: "model." (lm_head is never asked for).
     FamilySpec("qwen3", ("qwen3",), "decoder", "Qwen3Embedder", ("model.",), True, "rotary"),
     FamilySpec("qwen2", ("qwen2",), "decoder", "Qwen2Embedder", ("model.",), True, "rotary"),

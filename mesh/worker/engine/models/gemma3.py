@@ -1,0 +1,189 @@
+"""Gemma 3 text decoder as EmbeddingGemma uses it (bidirectional, mean pooled), over packed
+batches; causal Gemma 3 checkpoints load too (then last-token pooling by default).
+
+Same math as Hugging Face ``Gemma3TextModel``: embeddings times ``sqrt(hidden)`` (rounded to
+the weights' dtype, as transformers does), then layers of "sandwich" RMSNorms (Gemma's:
+gain ``1 + w``, applied in fp32) around grouped-query attention with per-head q/k norms and
+rotary positions, and around a GeGLU MLP (``gelu_pytorch_tanh``), then a final norm. Scores
+are scaled by ``query_pre_attn_scalar ** -0.5`` (the backends scale by ``head_dim ** -0.5``,
+so q is pre-multiplied where the two differ). Layers alternate sliding-window (local RoPE
+theta, 10k) and full attention (1M) per ``layer_types`` (or every 6th layer full in older
+configs). The window, as transformers builds it: bidirectional, keys at most
+``sliding_window // 2`` positions away (the config's in-memory value is ``saved // 2 + 1``,
+an exclusive bound); causal, the ``sliding_window`` most recent keys.
+
+On CUDA: the window goes to torch SDPA per sequence as a mask (``needs_masks``:
+``gpu.GpuRunner`` picks that backend and captures no graphs); eager torch for the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mesh.worker.engine.attention import AttentionBackend
+from mesh.worker.engine.models.blocks import (
+    Activation,
+    activation,
+    apply_rope,
+    attend,
+    check_default_rope,
+    check_kernels,
+    gated_mlp,
+    rms_norm_unit_offset,
+    rope_cos_sin,
+    rope_inv_freq,
+)
+from mesh.worker.engine.weights import Weights, WeightSource
+
+THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
+
+norm = rms_norm_unit_offset
+
+
+class Gemma3Layer(nn.Module):
+    def __init__(
+        self,
+        w: Weights,
+        dims: tuple[int, int, int],
+        eps: float,
+        window: int | None,
+        act: Activation,
+        q_scale: float,
+    ) -> None:
+        super().__init__()
+        self.dims, self.eps, self.window, self.act, self.q_scale = dims, eps, window, act, q_scale
+        proj = [f"self_attn.{p}_proj" for p in ("q", "k", "v")]
+        self.register_buffer("qkv_w", w.cat([f"{p}.weight" for p in proj]))
+        has_bias = f"{proj[0]}.bias" in w
+        self.register_buffer("qkv_b", w.cat([f"{p}.bias" for p in proj]) if has_bias else None)
+        self.register_buffer("o_w", w("self_attn.o_proj.weight"))
+        self.register_buffer("o_b", w.optional("self_attn.o_proj.bias"))
+        self.register_buffer("gate_up_w", w.cat([f"mlp.{p}_proj.weight" for p in ("gate", "up")]))
+        self.register_buffer("down_w", w("mlp.down_proj.weight"))
+        for name in ("self_attn.q_norm", "self_attn.k_norm", "input_layernorm"):
+            self.register_buffer(name.rsplit(".", 1)[-1], w(f"{name}.weight"))
+        for name in ("post_attention", "pre_feedforward", "post_feedforward"):
+            self.register_buffer(name, w(f"{name}_layernorm.weight"))
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        hq, hkv, d = self.dims
+        h = norm(x, self.input_layernorm, self.eps)
+        q, k, v = F.linear(h, self.qkv_w, self.qkv_b).split([hq * d, hkv * d, hkv * d], dim=-1)
+        q = norm(q.reshape(-1, hq, d), self.q_norm, self.eps)
+        k = norm(k.reshape(-1, hkv, d), self.k_norm, self.eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
+        a = attend(attn, q, k, v.reshape(-1, hkv, d), window=self.window)
+        a = F.linear(a.reshape(x.shape[0], -1), self.o_w, self.o_b)
+        x = x + norm(a, self.post_attention, self.eps)
+        m = gated_mlp(
+            norm(x, self.pre_feedforward, self.eps), self.gate_up_w, self.down_w, self.act
+        )
+        return x + norm(m, self.post_feedforward, self.eps)
+
+
+class Gemma3Embedder(nn.Module):
+    """``forward(ids[T], positions[T], attn) -> [T, hidden]`` for a planned packed batch."""
+
+    family = "gemma3"
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        source: WeightSource,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        causal: bool,
+    ) -> None:
+        super().__init__()
+        if config.get("attn_logit_softcapping") is not None:
+            raise NotImplementedError("gemma3: attn_logit_softcapping is not supported")
+        act = activation(str(config.get("hidden_activation", "gelu_pytorch_tanh")), self.family)
+        self.causal, self.dtype = causal, dtype
+        hidden = int(config["hidden_size"])
+        self.vocab_size = int(config["vocab_size"])
+        self.num_heads = int(config["num_attention_heads"])
+        self.num_kv_heads = int(config.get("num_key_value_heads") or self.num_heads)
+        self.head_dim = int(config.get("head_dim") or hidden // self.num_heads)
+        self.eps = float(config.get("rms_norm_eps", 1e-6))
+        self.layer_types = _layer_types(config)
+        window = _window(config, causal)
+        self.needs_masks = window is not None and "sliding_attention" in self.layer_types
+        for kind in set(self.layer_types):
+            theta = _rope_theta(config, kind)
+            self.register_buffer(f"inv_freq_{kind}", rope_inv_freq(self.head_dim, theta, device))
+        # The backends scale by head_dim ** -0.5; Gemma by query_pre_attn_scalar ** -0.5.
+        scalar = float(config.get("query_pre_attn_scalar", self.head_dim))
+        q_scale = (self.head_dim / scalar) ** 0.5
+        w = Weights(source, dtype, device)
+        # transformers multiplies by the scale as a tensor in the weights' dtype.
+        self.embed_scale = float(torch.tensor(hidden**0.5, dtype=dtype))
+        self.register_buffer("embed", w("embed_tokens.weight"))
+        dims = (self.num_heads, self.num_kv_heads, self.head_dim)
+        self.layers = nn.ModuleList(
+            Gemma3Layer(
+                w.under(f"layers.{i}."),
+                dims,
+                self.eps,
+                window if kind == "sliding_attention" else None,
+                act,
+                q_scale,
+            )
+            for i, kind in enumerate(self.layer_types)
+        )
+        self.register_buffer("norm", w("norm.weight"))
+        self.kernels = "torch"
+
+    def use_kernels(self, kernels: str, exact_gelu: bool = False) -> str:
+        """Eager torch whatever is asked (no compiled or fused path yet); returns "torch"."""
+        check_kernels(kernels)
+        return self.kernels
+
+    def forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        x = self.embed[ids] * self.embed_scale
+        rope = {}
+        for kind in set(self.layer_types):
+            cos, sin = rope_cos_sin(positions, getattr(self, f"inv_freq_{kind}"), x.dtype)
+            rope[kind] = (cos[:, None], sin[:, None])
+        for layer, kind in zip(self.layers, self.layer_types, strict=True):
+            x = layer(x, *rope[kind], attn)
+        return norm(x, self.norm, self.eps)
+
+
+def _layer_types(config: dict[str, Any]) -> list[str]:
+    n = int(config["num_hidden_layers"])
+    pattern = int(config.get("sliding_window_pattern", 6))
+    kinds = config.get("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)
+    ]
+    if set(kinds) - set(THETA) or len(kinds) != n:
+        raise NotImplementedError(f"gemma3: layer_types {kinds!r} are not supported")
+    return list(kinds)
+
+
+def _window(config: dict[str, Any], causal: bool) -> int | None:
+    """The local layers' window as attend() takes it: keys at most this far away."""
+    saved = config.get("sliding_window")
+    if saved is None:
+        return None
+    return int(saved) - 1 if causal else int(saved) // 2
+
+
+def _rope_theta(config: dict[str, Any], kind: str) -> float:
+    # transformers >= 5 writes rope_parameters per layer type; older configs have rope_theta
+    # (global), rope_local_base_freq (local) and rope_scaling (global layers only).
+    params = dict((config.get("rope_parameters") or {}).get(kind) or {})
+    if kind == "full_attention":
+        params.update(config.get("rope_scaling") or {})
+    check_default_rope(params, "gemma3")
+    old = config.get("rope_theta" if kind == "full_attention" else "rope_local_base_freq")
+    return float(params.get("rope_theta", old or THETA[kind]))
