@@ -97,10 +97,13 @@ def build_st_model(
     return path
 
 
-def build_cross_encoder(path: Path, num_labels: int = 1, seed: int = 7) -> Path:
+def build_cross_encoder(
+    path: Path, num_labels: int = 1, seed: int = 7, hidden: int = HIDDEN, heads: int = 4
+) -> Path:
     """A tiny random-weight ``BertForSequenceClassification`` (the embedded MiniLM's WordPiece
     tokenizer) saved as sentence-transformers' ``CrossEncoder`` saves it, with its default
-    activation (Sigmoid for one label, Identity for several) in its config."""
+    activation (Sigmoid for one label, Identity for several) in its config; the plain
+    transformers save is beside it, at ``<path>-hf``."""
     import torch
     import transformers
     from sentence_transformers import CrossEncoder
@@ -110,10 +113,10 @@ def build_cross_encoder(path: Path, num_labels: int = 1, seed: int = 7) -> Path:
     labels = {i: f"label_{'abc'[i]}" if num_labels > 1 else "LABEL_0" for i in range(num_labels)}
     config = transformers.BertConfig(
         vocab_size=30522,
-        hidden_size=HIDDEN,
-        intermediate_size=64,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
         num_hidden_layers=2,
-        num_attention_heads=4,
+        num_attention_heads=heads,
         max_position_embeddings=MAX_TOKENS,
         num_labels=num_labels,
         id2label=labels,
