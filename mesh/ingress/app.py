@@ -24,9 +24,11 @@ Every embedding response also carries TEI's timing headers (``x-compute-time``,
 
 Routes: ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /v1/models/{model}``, ``GET /health``
 (and ``GET /``, as TEI), ``GET /metrics``, and TEI's (``mesh.ingress.tei``): ``POST /``,
-``POST /embed``, ``POST /tokenize``, ``POST /decode``, ``GET /info``. With an API key set,
-``/v1/*`` and TEI's routes need ``Authorization: Bearer KEY`` (``/info`` too, as TEI);
-``/health``, ``GET /`` and ``/metrics`` stay open. Errors: ``mesh.ingress.http_errors``.
+``POST /embed``, ``POST /tokenize``, ``POST /decode``, ``GET /info``; the cross-encoders'
+(``mesh.ingress.rerank``): TEI's ``POST /rerank`` and ``/predict``, ``POST /v1/rerank`` (and
+``/v2/rerank``). With an API key set, ``/v1/*``, ``/v2/*`` and TEI's routes need
+``Authorization: Bearer KEY`` (``/info`` too, as TEI); ``/health``, ``GET /`` and ``/metrics``
+stay open. Errors: ``mesh.ingress.http_errors``.
 """
 
 from __future__ import annotations

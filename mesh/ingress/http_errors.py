@@ -17,8 +17,8 @@ the model or no broker, **504** the request's deadline passed, **502** the mesh 
 request (workers kept dying on it, or a malformed reply), **500** a bug.
 
 The body is ``{"error": {"message", "type", "param", "code"}}`` on the OpenAI routes. On TEI's
-routes (``POST /``, ``/embed``, ``/tokenize``, ``/decode``, ``GET /info``: route names starting
-with ``tei.``) it is TEI's ``{"error": "...", "error_type": "..."}``, with TEI's statuses where
+routes (``POST /``, ``/embed``, ``/tokenize``, ``/decode``, ``/rerank``, ``/predict``,
+``GET /info``: route names starting with ``tei.``) it is TEI's ``{"error": "...", "error_type": "..."}``, with TEI's statuses where
 TEI has its own (``TEI_BY_CODE``): 422 ``Validation`` for a bad value (an unknown model in the
 ``X-Embedmesh-Model`` header too), 400 ``Empty`` for empty inputs, 413 ``Validation`` over a
 limit, 424 ``Backend`` when the mesh failed on the request, 429 ``Overloaded``, 503
