@@ -9,7 +9,8 @@
 # shim package whose get_model_path() names an fp32 copy, max_seq_length 256).
 # CONFIGS: comma list of mixed-mode variants, each a fresh mesh: default, nice
 # (EMBEDMESH_BULK_NICE=10), omp (OMP_WAIT_POLICY=PASSIVE for the mesh), ms50 (--live-bulk-ms 50),
-# threads1 (worker --threads 1). Default: default.
+# threads1 (worker --threads 1). Default: default. DURATION, WARMUP, WORDS, BASE_TEXTS and
+# LOAD_CPUS shrink it for a smoke run.
 set -uo pipefail
 out=${1:?usage: cpu_pinned.sh OUT [CONFIGS]}
 configs=${2:-default}
@@ -26,7 +27,7 @@ start_mesh() {  # start_mesh NAME [ENV=V ...] -- [mesh-launch args]
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
   env "${envs[@]}" HF_HUB_OFFLINE=1 python3 -m bench.pin $MESH_CPUS -- python3 -m launch.cli \
-    --role all --port $port "$@" >"$out/mesh-$name.log" 2>&1 &
+    --role all --http-port $port --auto-truncate "$@" >"$out/mesh-$name.log" 2>&1 &
   mesh_pid=$!
   for _ in $(seq 120); do
     python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=1)" \
@@ -38,7 +39,7 @@ start_mesh() {  # start_mesh NAME [ENV=V ...] -- [mesh-launch args]
 stop_mesh() { kill -TERM $mesh_pid 2>/dev/null; wait $mesh_pid 2>/dev/null; sleep 1; }
 
 echo "== baseline: sentence-transformers encode on cores $MESH_CPUS"
-HF_HUB_OFFLINE=1 pin $MESH_CPUS python3 -m bench.baseline --threads 2 --texts 500 \
+HF_HUB_OFFLINE=1 pin $MESH_CPUS python3 -m bench.baseline --threads 2 --texts "${BASE_TEXTS:-500}" \
   --batch-sizes 8,32 >"$out/baseline.json" 2>"$out/baseline.err"
 cat "$out/baseline.json"; echo
 
@@ -55,14 +56,14 @@ for cfg in ${configs//,/ }; do
   modes="--mode mixed"
   [ "$cfg" = default ] && modes="--mode closed --mode mixed"
   pin "$LOAD_CPUS" python3 -m bench.cli --url "$url" --no-baseline $modes --concurrency 4 \
-    --texts-per-request 16 --bulk-texts-per-request 64 --live-rate 5 --duration 20 --warmup 5 \
-    --encoding-format base64 --procs 2 --json "$out/edge-$cfg.json" 2>&1 | tail -n 12
+    --texts-per-request 16 --bulk-texts-per-request 64 --live-rate 5 \
+    --duration "${DURATION:-20}" --warmup "${WARMUP:-5}" --encoding-format base64 --procs 2 --json "$out/edge-$cfg.json" 2>&1 | tail -n 12
   stop_mesh
 done
 
 echo "== a 2M-word text while short queries run (--auto-truncate)"
-start_mesh long -- --auto-truncate && {
-  pin "$LOAD_CPUS" python3 -m bench.long_input --url "$url" --words 2000000 --huge 3 \
+start_mesh long -- && {
+  pin "$LOAD_CPUS" python3 -m bench.long_input --url "$url" --words "${WORDS:-2000000}" --huge 3 \
     >"$out/long-input.txt" 2>&1
   cat "$out/long-input.txt"
   stop_mesh
