@@ -130,6 +130,10 @@ class Engine:
           fp32 transformers 0.9998-0.9999.
         - None: "fused" when triton imports, else "compile" for Qwen3 and "torch" for BERT.
 
+        BERT, XLM-RoBERTa and MPNet take all three (the BERT layers), the decoders (Qwen3,
+        Qwen2, Mistral) too; ModernBERT, NomicBERT/GTE and Gemma 3 run eager torch whatever
+        is asked, and ``Engine.kernels`` says so (docs/architecture.md has the table).
+
         ``compile_elementwise`` is the older spelling: True means "compile", False "torch"
         (launch's ``--no-compile``); it must agree with ``kernels`` when both are given.
         Asking for "fused" on CPU, or without triton, raises ValueError.
@@ -142,10 +146,9 @@ class Engine:
         card = read_card(model_dir, served_name=served_name)
         kernels = choose_kernels(kernels, compile_elementwise, card.family, device)
         model = load_model(model_dir, card, dtype=dtype, device=device)
-        if card.family == "bert":
-            model.use_kernels(kernels, exact_gelu=exact_gelu)
-        else:
-            model.use_kernels(kernels)
+        # Every family takes both; one without a compiled or fused path runs eager torch and
+        # says so.
+        kernels = model.use_kernels(kernels, exact_gelu=exact_gelu)
         pair_shift = 0
         if card.task == "score":  # a cross-encoder: its head from the checkpoint itself
             prefixes = spec_for_config(read_config(model_dir)).prefixes
