@@ -76,7 +76,18 @@ MAX_CHARS_PER_TOKEN = 250
 MAX_CONCURRENT_REQUESTS = 512
 # Our pooling names → TEI's.
 POOLING = {"mean": "mean", "cls": "cls", "last": "last_token"}
-VERSION = importlib.metadata.version("embedmesh")
+
+
+def _version() -> str:
+    # Run from a checkout on PYTHONPATH (the GPU machine, a container built without pip) there
+    # is no installed distribution to ask: /info says so instead of the ingress failing to start.
+    try:
+        return importlib.metadata.version("embedmesh")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+VERSION = _version()
 
 _TOKENIZERS = web.AppKey("embedmesh_tei_tokenizers", TeiTokenizers)
 

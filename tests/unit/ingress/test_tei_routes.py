@@ -219,3 +219,15 @@ async def test_api_key_guards_tei_routes_but_not_health(fake) -> None:
     assert (await http.post("/", json={"inputs": "a"}, headers=KEY)).status == 200
     assert (await http.get("/info", headers=KEY)).status == 200
     await http.close()
+
+
+def test_the_ingress_starts_from_a_checkout_without_an_installed_distribution(monkeypatch):
+    import importlib.metadata
+
+    from mesh.ingress import tei
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert tei._version() == "unknown (not installed)"
