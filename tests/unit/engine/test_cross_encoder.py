@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from mesh.client.pairs import encode_inputs
+from mesh.client.pairs import encode_inputs, longest_first
 from mesh.client.scores import activate
 from mesh.client.tokenize import ModelTokenizer
 from mesh.errors import InvalidInput
@@ -36,9 +36,18 @@ PASSAGES = [
 SINGLES = ["just one text", "another single input with more words in it"]
 
 
+@pytest.fixture(scope="module")
+def reranker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_cross_encoder(tmp_path_factory.mktemp("ce") / "ce", num_labels=1)
+
+
 @pytest.fixture(scope="module", params=[1, 3], ids=["1-label", "3-labels"])
-def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_cross_encoder(tmp_path_factory.mktemp("ce") / "ce", num_labels=request.param)
+def model_dir(
+    request: pytest.FixtureRequest, reranker_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    if request.param == 1:
+        return reranker_dir
+    return build_cross_encoder(tmp_path_factory.mktemp("ce") / "cls", num_labels=request.param)
 
 
 def _tokenizer(card_dir: Path) -> ModelTokenizer:
@@ -100,18 +109,29 @@ def test_logits_equal_transformers_for_pairs_and_single_texts(model_dir: Path) -
 
 
 def test_pairs_over_the_limit_are_truncated_longest_first_as_the_tokenizer_does(
-    model_dir: Path,
+    reranker_dir: Path,
 ) -> None:
-    tok = _tokenizer(model_dir)
-    hf_tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    tok = _tokenizer(reranker_dir)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(reranker_dir)
     long = " ".join(["passage"] * 400)
-    for pair in [(QUERY, long), (long, QUERY), (long, long + " tail")]:
+    longer = " ".join(f"p{i}" for i in range(1000))
+    assert len(longer) > tok.cut_chars  # cut before tokenizing, to its first characters
+    for pair in [(QUERY, long), (long, QUERY), (long, long + " tail"), (QUERY, longer)]:
         ids, lengths, starts = encode_inputs(tok, [pair], truncate=True)
         ref = hf_tok(*pair, truncation="longest_first", max_length=MAX_TOKENS)
         assert ids.tolist() == ref["input_ids"]
         assert starts[0] == ref["token_type_ids"].index(1)
     with pytest.raises(InvalidInput, match="input\\[0\\] has more than"):
         encode_inputs(tok, [(QUERY, long)], truncate=False)
+    # From the left, as TEI's truncation_direction "Left": each text loses its first tokens.
+    hf_tok.truncation_side = "left"
+    long = " ".join(f"w{i}" for i in range(1000))
+    assert len(long) > tok.cut_chars  # cut before tokenizing, to its last characters
+    for pair in [(QUERY, long), (long, long + " tail"), (long[:900], QUERY)]:
+        ids, lengths, starts = encode_inputs(tok, [pair], truncate=True, left=True)
+        ref = hf_tok(*pair, truncation="longest_first", max_length=MAX_TOKENS)
+        assert ids.tolist() == ref["input_ids"]
+        assert starts[0] == ref["token_type_ids"].index(1)
 
 
 def test_pairs_to_an_embedder_and_splits_outside_a_sequence_are_refused(model_dir: Path) -> None:
@@ -187,3 +207,19 @@ def test_roberta_style_heads_equal_transformers(cls_name: str, tmp_path: Path) -
         with torch.no_grad():
             ref = hf(input_ids=torch.tensor([s])).logits[0].numpy()
         np.testing.assert_allclose(ours[i], ref, atol=2e-5, rtol=1e-4)
+
+
+def test_longest_first_keeps_what_the_tokenizer_keeps(reranker_dir: Path) -> None:
+    tok = _tokenizer(reranker_dir)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(reranker_dir)
+    sizes = [0, 1, 40, 61, 62, 63, 64, 90, 125, 126, 200]
+    for n1 in sizes:
+        for n2 in sizes[1:]:  # transformers' Python side drops an empty second text
+            pair = (" ".join(["a"] * n1), " ".join(["b"] * n2))
+            ref = hf_tok(*pair, truncation="longest_first", max_length=MAX_TOKENS)
+            kept = longest_first(n1, n2, MAX_TOKENS - 3)
+            assert list(kept) == [ref["input_ids"].count(1037), ref["input_ids"].count(1038)]
+            ids, _, starts = encode_inputs(tok, [pair], truncate=True)
+            assert ids.tolist() == ref["input_ids"], (n1, n2)
+            if 1 in ref["token_type_ids"]:
+                assert starts[0] == ref["token_type_ids"].index(1)
