@@ -40,6 +40,7 @@ from mesh.client.request import (
     valid_tokenized,
     valid_tokens,
 )
+from mesh.client.scores import activate
 from mesh.client.tokenize import ModelTokenizer, TokenizerPool
 from mesh.config import DEFAULT_REQUEST_TIMEOUT_S, Liveness
 from mesh.errors import DeadlineExceeded, InvalidInput, MeshError, ModelNotFound, Unavailable
@@ -290,6 +291,8 @@ class MeshClient:
             token_ids=request.token_ids,
             offsets=request.offsets,
             segment_b_start=request.segment_b_start,
+            spans=request.spans,
+            span_offsets=request.span_offsets,
         )
         future = broker.submit(submit, tokens=request.tokens).future
         # The broker enforces the deadline; this local one (a liveness window later) is the
@@ -350,6 +353,22 @@ class MeshClient:
             truncate=truncate,
         )  # fmt: skip
         return await self.submit(request, timeout_s)
+
+    async def score(
+        self,
+        inputs: Sequence[ScoreInput],
+        model: str,
+        *,
+        raw: bool = False,
+        lane: int | None = Lane.INTERACTIVE,
+        timeout_s: float | None = None,
+        truncate: bool = False,
+    ) -> np.ndarray:
+        """Score texts and (query, passage) pairs with a cross-encoder: ``float32 [n, labels]``
+        in input order, through the model's activation (``raw``: the logits)."""
+        request = await self.prepare_scores(inputs, model, lane=lane, truncate=truncate)
+        logits = (await self.submit(request, timeout_s)).embeddings
+        return logits if raw else activate(logits, request.model.activation)
 
     def _check_backlog(self, model: ModelInfo, lane: Lane, tokens: int) -> None:
         """429 before any work when at every broker the request would end after the default

@@ -221,3 +221,17 @@ async def test_openai_shaped_errors(
     got, doc, _ = await _post(url, path, body)
     assert got == status, doc
     assert says in doc["error"]["message"]
+
+
+async def test_mesh_client_scores_equal_cross_encoder_predict(
+    ce_mesh: Mesh, dirs: dict[str, Path]
+) -> None:
+    async with MeshClient([ce_mesh.frontend], liveness=TEST_LIVENESS) as client:
+        await client.wait_ready(60, RERANKER)
+        pairs = [(QUERY, d) for d in DOCS[:5]]
+        scores = await client.score(pairs, RERANKER)
+        assert scores.shape == (5, 1) and scores.dtype == np.float32
+        ref = _cross_encoder(dirs[RERANKER]).predict(pairs)
+        np.testing.assert_allclose(scores[:, 0], ref, atol=2e-5)
+        logits = await client.score(["one text", *pairs[:1]], CLASSIFIER, raw=True)
+        assert logits.shape == (2, 3)
