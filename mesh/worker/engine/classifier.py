@@ -18,6 +18,7 @@ over several). A head, family or activation not listed here is refused at load b
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -98,8 +99,6 @@ def _activation(model_dir: Path, config: dict[str, Any], labels: int) -> str:
     """The CrossEncoder's saved activation (sentence-transformers 5+ in
     config_sentence_transformers.json, 3-4 in config.json's ``sentence_transformers``, older
     as ``sbert_ce_default_activation_function``); else TEI's rule."""
-    import json
-
     st_path = model_dir / "config_sentence_transformers.json"
     st_cfg = json.loads(st_path.read_text(encoding="utf-8")) if st_path.is_file() else {}
     named = (
