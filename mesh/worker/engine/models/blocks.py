@@ -10,7 +10,6 @@ a bound method would guard on ``self`` and recompile per layer. Each family file
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -234,7 +233,3 @@ def post_ln_for(kernels: str, exact_gelu: bool = False) -> PostLn:
 def check_kernels(kernels: str) -> None:
     if kernels not in ("torch", "compile", "fused"):
         raise ValueError(f"unknown kernels {kernels!r}")
-
-
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
