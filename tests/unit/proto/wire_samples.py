@@ -94,6 +94,17 @@ def _submits() -> list[Message]:
             token_ids=one_ids,
             offsets=one_offsets,
         ),
+        # A cross-encoder's request: pairs split where their second text begins, a single 0.
+        SubmitRequest(
+            cid=3,
+            model="ms-marco-MiniLM-L6-v2",
+            lane=Lane.INTERACTIVE,
+            timeout_ms=10_000,
+            output=OutputOptions(normalize=False),
+            token_ids=token_ids,
+            offsets=offsets,
+            segment_b_start=np.array([2, 3, 0], dtype=np.int32),
+        ),
     ]
 
 
