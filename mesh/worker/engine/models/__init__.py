@@ -5,8 +5,12 @@
 - :mod:`.blocks`: norms, activations, rotary positions, MLP variants, fused QKV splitting,
   the attention call (with a bias or window for the families that need one), post-LN
   wiring.
-- :mod:`.bert` (BERT), :mod:`.decoder` (Qwen3): each reads its config, declares the weight
-  names it takes and wires the blocks. Every model is ``forward(ids[T], positions[T],
-  attn) -> [T, hidden]`` with ``num_heads``, ``num_kv_heads``, ``head_dim``, ``dtype``,
-  ``vocab_size``, ``needs_masks`` and ``use_kernels("torch" | "compile" | "fused")``.
+- one file per family, each reading its config, naming the weights it takes and wiring the
+  blocks: :mod:`.bert` (BERT), :mod:`.xlm_roberta` (XLM-RoBERTa, RoBERTa), :mod:`.mpnet`,
+  :mod:`.modernbert`, :mod:`.nomic` (NomicBERT, the new GTE), :mod:`.decoder` (Qwen3, Qwen2,
+  Mistral), :mod:`.gemma3`. Every model is ``forward(ids[T], positions[T], attn) -> [T,
+  hidden]`` with ``num_heads``, ``num_kv_heads``, ``head_dim``, ``dtype``, ``vocab_size``,
+  ``needs_masks`` and ``use_kernels("torch" | "compile" | "fused", exact_gelu)``, which
+  returns the kernels it runs; an option it does not implement is refused at construction
+  with NotImplementedError naming it.
 """

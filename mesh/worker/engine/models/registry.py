@@ -38,20 +38,22 @@ class FamilySpec:
     window_bounds_input: bool = False
 
 
+# The prefix comments name what each head class writes before the backbone's names; the
+# base model (BertModel, Qwen3Model, ...) writes none. "0.auto_model." is a
+# sentence-transformers state dict saved whole.
 FAMILIES: tuple[FamilySpec, ...] = (
-    # BertModel: none; BertForMaskedLM & co: "bert."; a sentence-transformers state dict
-    # saved whole: "0.auto_model.".
+    # BertForMaskedLM & co: "bert.".
     FamilySpec("bert", ("bert",), "bert", "BertEncoder", ("0.auto_model.", "bert.")),
+    # XLMRobertaForMaskedLM, RobertaForMaskedLM & co: "roberta.".
     FamilySpec(
         "xlm-roberta",
         ("xlm-roberta", "roberta"),
         "xlm_roberta",
         "XLMRobertaEncoder",
-        # XLMRobertaModel: none; *ForMaskedLM & co: "roberta.".
         ("0.auto_model.", "roberta."),
         positions="after_pad",
     ),
-    # MPNetModel: none; MPNetForMaskedLM & co: "mpnet.".
+    # MPNetForMaskedLM & co: "mpnet.".
     FamilySpec(
         "mpnet",
         ("mpnet",),
@@ -60,7 +62,7 @@ FAMILIES: tuple[FamilySpec, ...] = (
         ("0.auto_model.", "mpnet."),
         positions="after_pad",
     ),
-    # ModernBertModel: none; ModernBertForMaskedLM & co: "model.".
+    # ModernBertForMaskedLM & co: "model.".
     FamilySpec(
         "modernbert",
         ("modernbert",),
@@ -69,9 +71,8 @@ FAMILIES: tuple[FamilySpec, ...] = (
         ("model.",),
         positions="rotary",
     ),
-    # NomicBERT and the new GTE: transformers' NomicBertModel / GteModel (none; heads:
-    # "nomic_bert." / "gte."), the Hub's remote-code NomicBertModel (none) and NewModel
-    # ("new." under its heads).
+    # transformers' NomicBertModel / GteModel, whose heads write "nomic_bert." / "gte.", and
+    # the Hub's remote-code NomicBertModel and NewModel, whose heads write "new.".
     FamilySpec(
         "nomic",
         ("nomic_bert", "gte", "new"),
@@ -80,19 +81,42 @@ FAMILIES: tuple[FamilySpec, ...] = (
         ("0.auto_model.", "nomic_bert.", "gte.", "new."),
         positions="rotary",
     ),
-    # Gemma3TextModel (EmbeddingGemma): none; Gemma3ForCausalLM: "model.".
-    FamilySpec("gemma3", ("gemma3_text",), "gemma3", "Gemma3Embedder", ("model.",), True, "rotary"),
-    # Qwen3Model: none; Qwen3ForCausalLM: "model." (lm_head is never asked for).
-    FamilySpec("qwen3", ("qwen3",), "decoder", "Qwen3Embedder", ("model.",), True, "rotary"),
-    FamilySpec("qwen2", ("qwen2",), "decoder", "Qwen2Embedder", ("model.",), True, "rotary"),
+    # *ForCausalLM: "model." (lm_head is never asked for).
+    FamilySpec(
+        "gemma3",
+        ("gemma3_text",),
+        "gemma3",
+        "Gemma3Embedder",
+        ("model.",),
+        decoder=True,
+        positions="rotary",
+    ),
+    FamilySpec(
+        "qwen3",
+        ("qwen3",),
+        "decoder",
+        "Qwen3Embedder",
+        ("model.",),
+        decoder=True,
+        positions="rotary",
+    ),
+    FamilySpec(
+        "qwen2",
+        ("qwen2",),
+        "decoder",
+        "Qwen2Embedder",
+        ("model.",),
+        decoder=True,
+        positions="rotary",
+    ),
     FamilySpec(
         "mistral",
         ("mistral",),
         "decoder",
         "MistralEmbedder",
         ("model.",),
-        True,
-        "rotary",
+        decoder=True,
+        positions="rotary",
         window_bounds_input=True,
     ),
 )
