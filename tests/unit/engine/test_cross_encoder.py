@@ -223,3 +223,19 @@ def test_longest_first_keeps_what_the_tokenizer_keeps(reranker_dir: Path) -> Non
             assert ids.tolist() == ref["input_ids"], (n1, n2)
             if 1 in ref["token_type_ids"]:
                 assert starts[0] == ref["token_type_ids"].index(1)
+
+
+@pytest.mark.parametrize(
+    ("config", "activation"),
+    [
+        # sentence-transformers 3-4 wrote it into config.json, older releases under another key.
+        ({"sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Tanh"}}, "tanh"),
+        ({"sbert_ce_default_activation_function": "torch.nn.modules.linear.Identity"}, "identity"),
+    ],
+)
+def test_older_cross_encoder_layouts_name_their_activation(
+    reranker_dir: Path, tmp_path: Path, config: dict, activation: str
+) -> None:
+    older = _edited(reranker_dir, tmp_path / "older", config=config)
+    (older / "config_sentence_transformers.json").unlink()
+    assert read_card(older).activation == activation
