@@ -126,6 +126,8 @@ def test_the_hub_gte_new_model_layout_loads_the_same(gte, tmp_path: Path) -> Non
     ("changes", "named"),
     [
         ({"prenorm": True}, "prenorm: True"),
+        ({"scale_attn_weights": False}, "scale_attn_weights: False"),
+        ({"causal": True}, "causal: True"),
         ({"rotary_emb_fraction": 0.5}, "rotary_emb_fraction 0.5"),
         ({"rotary_emb_interleaved": True}, "rotary_emb_interleaved"),
         ({"hidden_act": "quick_gelu"}, "hidden_act 'quick_gelu'"),

@@ -174,6 +174,8 @@ class NomicBertEncoder(nn.Module):
             "rotary_emb_interleaved": True,
             "use_rms_norm": True,
             "logn_attention_scale": True,
+            "scale_attn_weights": False,  # Nomic's remote code: unscaled scores
+            "causal": True,
         }
         for key, value in refused.items():
             if config.get(key) == value:
