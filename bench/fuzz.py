@@ -44,7 +44,9 @@ from launch.children import die_with_parent
 
 MODEL = "all-MiniLM-L6-v2"
 SAMPLE_EVERY_S = 5.0
-ROTATE_EVERY = 50_000  # messages between giving one peer a fresh identity
+# Messages between giving one peer a fresh identity: over 1 M frames, more peers than the
+# broker keeps in its bounded set of peers already warned about (4096).
+ROTATE_EVERY = 200
 # Lines of the broker's log that mean a message got past validation and tripped a handler.
 HANDLER_FAILURE_MARKS = ("after it failed", "Traceback")
 

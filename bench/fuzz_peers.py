@@ -96,7 +96,7 @@ class FuzzPeer:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.SNDHWM, SNDHWM)
         sock.setsockopt(zmq.RCVHWM, SNDHWM)
-        sock.setsockopt(zmq.LINGER, 2000)  # a reopen flushes what is queued, within reason
+        sock.setsockopt(zmq.LINGER, 30_000)  # a reopen still delivers what it had queued
         sock.connect(self.endpoint)
         return sock
 
