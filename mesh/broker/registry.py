@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from mesh.config import RATE_MIN_BATCH_TOKENS
@@ -26,9 +27,13 @@ class WorkerState:
 
     def note_compute(self, tokens: int, compute_ms: float) -> None:
         """Learn the worker's rate from a batch's result (large batches only: see config)."""
-        if compute_ms <= 0 or tokens < min(RATE_MIN_BATCH_TOKENS, self.max_batch_tokens // 8):
+        # compute_ms comes from a peer: a NaN would stick in the average and a denormal make
+        # the rate infinite, which bulk_cap cannot turn into tokens (every dispatch then fails).
+        if not compute_ms > 0 or tokens < min(RATE_MIN_BATCH_TOKENS, self.max_batch_tokens // 8):
             return
         rate = tokens / (compute_ms / 1000)
+        if not math.isfinite(rate):
+            return
         # A moving average: one slow batch (a graph capture, a noisy neighbour) moves it a little.
         self.rate = rate if self.rate == 0.0 else 0.8 * self.rate + 0.2 * rate
 

@@ -1,0 +1,27 @@
+"""A worker's reported compute time is peer input: no value of it may stop dispatch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from proto_msgs import BatchAssign
+from tests.unit.broker.fakes import Harness, answer, submit
+
+
+@pytest.mark.parametrize("compute_ms", [1e-320, float("nan"), float("inf")])
+def test_a_nonsense_compute_time_neither_poisons_the_rate_nor_stops_dispatch(compute_ms):
+    h = Harness()
+    h.add_worker(b"w1")
+    h.submit(submit(1, [16, 16]))  # large enough for its rate to count
+    [(_, batch)] = h.back.take(BatchAssign)
+    result = answer(batch)
+    result.compute_ms = compute_ms
+    h.back.push(b"w1", result)
+    h.pump()
+    worker = h.broker.registry.workers[b"w1"]
+    assert math.isfinite(worker.rate)
+    h.submit(submit(2, [4]))
+    assert len(h.back.take(BatchAssign)) == 1, "the model's next request must be dispatched"
+    assert h.broker.handler_errors == 0
