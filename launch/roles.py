@@ -145,6 +145,8 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         task=card.task,
         labels=list(card.labels),
         activation=card.activation,
+        hidden_size=engine.hidden_size,
+        has_dense=bool(card.dense),
     )
     options = WorkerOptions(
         name=f"{socket.gethostname()}:{cfg.device}",

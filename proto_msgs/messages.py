@@ -6,6 +6,22 @@ Ingress ↔ broker commands are 0x01–0x0F, broker ↔ worker 0x10–0x1F.
 Token ids travel as ``token_ids`` (int32, all sequences concatenated) plus ``offsets`` (int32,
 n+1 entries, ``offsets[0] == 0``, ``offsets[-1] == len(token_ids)``); sequence ``i`` is
 ``token_ids[offsets[i]:offsets[i+1]]`` and holds at least one token.
+
+Several rows per sequence (spans). A request whose ``OutputOptions.rows`` is ``"spans"`` gets
+one row per *span* of a sequence instead of one pooled row per sequence: the mean, accumulated
+in fp32, of the final hidden states of the span's tokens (before any Dense layer, the model's
+pooling mode aside), then dims / normalization / number format as usual. Spans travel as
+``spans`` (int32 ``[S, 2]``, ``(start, end)`` token positions relative to their own sequence,
+``0 <= start < end <= length``, in order and disjoint inside a sequence) plus ``span_offsets``
+(int32 ``[n + 1]``, rising from 0 to S): sequence ``i``'s spans are
+``spans[span_offsets[i]:span_offsets[i+1]]``. Contextualized chunk embeddings (late chunking)
+send one span per chunk; per-token vectors (TEI's ``/embed_all``) one span per token. Being
+relative to their sequence, spans follow a sequence wherever the broker puts it (split across
+batches, requeued, isolated) with a slice of ``span_offsets``; disjoint spans mean a batch never
+returns more rows than it has tokens, so its token budget bounds its bytes too (tokens x width x
+4, under ``limits.MAX_ARRAY_BYTES`` for any sane budget). Results map rows back with
+``RequestResult.row_offsets``. Fields are optional with defaults: a peer from before spans
+decodes and sends the one-row-per-sequence messages it always did.
 """
 
 from __future__ import annotations
@@ -27,6 +43,8 @@ OUTPUT_KINDS: dict[str, str] = {
     "int8": "int8",  # symmetric per-vector absmax scaling to ±127
     "binary": "uint8",  # sign bits, np.packbits order (first dimension = most significant bit)
 }
+# What a row of the result is (OutputOptions.rows): a sequence's pooled vector, or a span's mean.
+ROW_KINDS: tuple[str, ...] = ("sequence", "spans")
 
 
 class Lane(IntEnum):
@@ -48,10 +66,17 @@ class OutputOptions:
     # Leading tokens of each sequence left out of the pooling: the prompt's, for a model whose
     # pooling excludes it (ModelInfo.include_prompt false); each sequence is longer.
     pool_skip: int = 0
+    # One of ROW_KINDS: "sequence", one pooled row per sequence; "spans", one row per span of
+    # each sequence (the module docstring), its request carrying the spans.
+    rows: str = "sequence"
 
     def check(self, where: str) -> None:
         if self.kind not in OUTPUT_KINDS:
             raise ProtocolError(f"{where}: unknown output kind {self.kind!r}")
+        if self.rows not in ROW_KINDS:
+            raise ProtocolError(f"{where}: unknown row kind {self.rows!r}")
+        if self.rows == "spans" and self.pool_skip:
+            raise ProtocolError(f"{where}: spans say what is pooled; pool_skip must be 0")
         if self.dims is not None and not 1 <= self.dims <= limits.MAX_DIMS:
             raise ProtocolError(f"{where}: dims out of range")
         if not 0 <= self.pool_skip <= limits.MAX_TOKENS:
@@ -85,6 +110,12 @@ class ModelInfo:
     # What turns a scorer's logits into its scores (the ingress applies it, unless raw):
     # "sigmoid", "softmax", "identity" or "tanh"; "" for an embedder.
     activation: str = ""
+    # Width of the final hidden states, what a span row holds before ``dims`` cuts it (0 from
+    # a worker from before spans: the ingress then refuses span requests for the model).
+    hidden_size: int = 0
+    # True when sentence-transformers Dense layers follow the pooling: span rows skip them
+    # (they are means of hidden states), so they are not the model's embedding space.
+    has_dense: bool = False
 
 
 @dataclass
@@ -119,6 +150,45 @@ def _check_ragged(token_ids: np.ndarray, offsets: np.ndarray, where: str) -> Non
         raise ProtocolError(f"{where}: negative token id")
 
 
+def _check_spans(
+    spans: np.ndarray | None,
+    span_offsets: np.ndarray | None,
+    offsets: np.ndarray,
+    where: str,
+    empty_ok: bool,
+) -> None:
+    """Spans as the module docstring says; ``empty_ok``: a sequence may have none (a batch's
+    sequences of requests without spans)."""
+    if (spans is None) != (span_offsets is None):
+        raise ProtocolError(f"{where}: spans and span_offsets come together")
+    if spans is None or span_offsets is None:
+        return
+    n = len(offsets) - 1
+    if spans.dtype != np.int32 or spans.ndim != 2 or spans.shape[1] != 2:
+        raise ProtocolError(f"{where}: spans must be int32 [S, 2]")
+    if span_offsets.dtype != np.int32 or span_offsets.shape != (n + 1,):
+        raise ProtocolError(f"{where}: span_offsets must be int32 [n + 1]")
+    counts = span_offsets[1:].astype(np.int64) - span_offsets[:-1]
+    if span_offsets[0] != 0 or span_offsets[-1] != len(spans) or (counts < 0).any():
+        raise ProtocolError(f"{where}: span_offsets must rise from 0 to len(spans)")
+    if not empty_ok and (counts == 0).any():
+        raise ProtocolError(f"{where}: every sequence needs at least one span")
+    if len(spans) > limits.MAX_TOKENS:
+        raise ProtocolError(f"{where}: too many spans")
+    if not len(spans):
+        return
+    seq = np.repeat(np.arange(n), counts)
+    starts, ends = spans[:, 0].astype(np.int64), spans[:, 1].astype(np.int64)
+    lengths = (offsets[1:].astype(np.int64) - offsets[:-1])[seq]
+    # Disjoint and in order inside a sequence: each start at or after the previous span's end.
+    first = np.zeros(len(spans), dtype=bool)
+    first[span_offsets[:-1][counts > 0]] = True
+    previous_end = np.concatenate(([0], ends[:-1]))
+    overlap = ~first & (starts < previous_end)
+    if (starts < 0).any() or (ends <= starts).any() or (ends > lengths).any() or overlap.any():
+        raise ProtocolError(f"{where}: spans must be non-empty, inside, in order and disjoint")
+
+
 def _check_pairs(starts: np.ndarray | None, offsets: np.ndarray, where: str) -> None:
     """``segment_b_start``: int32 [n], 0 (a single text) or where a pair's second segment
     begins (token type 1 from there), inside its sequence and after its first token."""
@@ -151,10 +221,16 @@ class SubmitRequest(Message):
     # Pairs for a cross-encoder: per sequence, the token index where its second text (token
     # type 1) begins, 0 for a single text; None when the request holds no pair.
     segment_b_start: np.ndarray | None = None
+    # Spans (module docstring): present exactly when ``output.rows == "spans"``.
+    spans: np.ndarray | None = None  # int32 [S, 2], relative to each sequence
+    span_offsets: np.ndarray | None = None  # int32 [n + 1]
 
     def validate(self) -> None:
         _check_ragged(self.token_ids, self.offsets, "SubmitRequest")
         _check_pairs(self.segment_b_start, self.offsets, "SubmitRequest")
+        _check_spans(self.spans, self.span_offsets, self.offsets, "SubmitRequest", False)
+        if (self.spans is not None) != (self.output.rows == "spans"):
+            raise ProtocolError("SubmitRequest: spans come exactly with rows 'spans'")
         self.output.check("SubmitRequest")
         if self.lane not in (Lane.INTERACTIVE, Lane.BATCH):
             raise ProtocolError("SubmitRequest: unknown lane")
@@ -179,7 +255,9 @@ class CancelRequest(Message):
 @dataclass
 class RequestResult(Message):
     """broker → ingress: embeddings of some sequences of ``cid`` (rows follow ``indices``).
-    Duplicates can happen after a requeue; the ingress keeps the first of each index."""
+    Duplicates can happen after a requeue; the ingress keeps the first of each index.
+    For a request with spans, ``row_offsets`` says which rows are whose: the rows of sequence
+    ``indices[j]`` (one per span, in span order) are ``embeddings[row_offsets[j]:row_offsets[j+1]]``."""
 
     COMMAND: ClassVar[int] = 0x03
     cid: int
@@ -194,6 +272,7 @@ class RequestResult(Message):
     # "broker_worker" (batch sent → its result received: the worker plus both transits) and
     # "broker_out" (result received → this chunk sent). Unknown names are passed on as they are.
     timings: dict[str, float] = field(default_factory=dict)
+    row_offsets: np.ndarray | None = None  # int32 [k + 1]; None: one row per index
 
     def validate(self) -> None:
         if self.indices.ndim != 1 or self.embeddings.ndim != 2:
@@ -202,8 +281,15 @@ class RequestResult(Message):
         # or silently put a vector in the wrong place.
         if self.indices.dtype != np.int32 or (len(self.indices) and int(self.indices.min()) < 0):
             raise ProtocolError("RequestResult: indices must be non-negative int32")
-        if len(self.indices) != len(self.embeddings):
-            raise ProtocolError("RequestResult: indices and rows disagree")
+        rows = self.row_offsets
+        if rows is None:
+            if len(self.indices) != len(self.embeddings):
+                raise ProtocolError("RequestResult: indices and rows disagree")
+            return
+        if rows.dtype != np.int32 or rows.shape != (len(self.indices) + 1,):
+            raise ProtocolError("RequestResult: row_offsets must be int32 [k + 1]")
+        if rows[0] != 0 or rows[-1] != len(self.embeddings) or (rows[1:] <= rows[:-1]).any():
+            raise ProtocolError("RequestResult: row_offsets must rise from 0 to the rows")
 
 
 @register
@@ -316,7 +402,9 @@ class WorkerReady(Message):
 @dataclass
 class BatchAssign(Message):
     """broker → worker: one packed batch; uses one credit. Sequence ``i`` is post-processed
-    with ``outputs[output_index[i]]``; results come back grouped in that order."""
+    with ``outputs[output_index[i]]``; results come back grouped in that order. With spans,
+    ``span_offsets`` covers every sequence of the batch: those of a group whose rows are
+    "spans" have at least one, the others none."""
 
     COMMAND: ClassVar[int] = 0x11
     batch_id: int
@@ -327,10 +415,13 @@ class BatchAssign(Message):
     token_ids: np.ndarray
     offsets: np.ndarray
     segment_b_start: np.ndarray | None = None  # int32 [n] as in SubmitRequest; None: no pair
+    spans: np.ndarray | None = None  # int32 [S, 2] as in SubmitRequest; None: no span group
+    span_offsets: np.ndarray | None = None  # int32 [n + 1]
 
     def validate(self) -> None:
         _check_ragged(self.token_ids, self.offsets, "BatchAssign")
         _check_pairs(self.segment_b_start, self.offsets, "BatchAssign")
+        _check_spans(self.spans, self.span_offsets, self.offsets, "BatchAssign", True)
         if not 1 <= len(self.outputs) <= self.n:
             raise ProtocolError("BatchAssign: 1..n output groups")
         for opt in self.outputs:
@@ -339,6 +430,12 @@ class BatchAssign(Message):
             raise ProtocolError("BatchAssign: output_index must be int32 [n]")
         if int(self.output_index.min()) < 0 or int(self.output_index.max()) >= len(self.outputs):
             raise ProtocolError("BatchAssign: output_index out of range")
+        spanned = np.array([opt.rows == "spans" for opt in self.outputs])[self.output_index]
+        if self.span_offsets is None:
+            if spanned.any():
+                raise ProtocolError("BatchAssign: a span group without spans")
+        elif ((self.span_offsets[1:] > self.span_offsets[:-1]) != spanned).any():
+            raise ProtocolError("BatchAssign: spans exactly on the sequences of span groups")
 
     @property
     def n(self) -> int:
@@ -349,7 +446,8 @@ class BatchAssign(Message):
 @dataclass
 class BatchResult(Message):
     """worker → broker: ``embeddings[g]`` holds, in batch order, the rows of the sequences
-    whose output_index is ``g``; returns one credit."""
+    whose output_index is ``g`` (a span group's: each sequence's span rows, in span order);
+    returns one credit."""
 
     COMMAND: ClassVar[int] = 0x12
     batch_id: int

@@ -23,33 +23,51 @@ class BatchPlan:
     slices: list[Slice]
     groups: list[int]  # output group of each slice
     rows: list[int]  # first row of each slice within its group's array
+    # Rows of each slice: its sequences, or the spans of its sequences for a span request.
+    counts: list[int]
 
     def split(self, embeddings: list[np.ndarray]) -> list[tuple[Slice, np.ndarray]]:
         """Each slice with its rows (views, no copy); ValueError if the shapes are off."""
         expected = [0] * len(self.message.outputs)
-        for piece, group in zip(self.slices, self.groups, strict=True):
-            expected[group] += piece.end - piece.start
+        for group, count in zip(self.groups, self.counts, strict=True):
+            expected[group] += count
         if len(embeddings) != len(expected) or any(
             len(e) != n for e, n in zip(embeddings, expected, strict=True)
         ):
             raise ValueError(f"result rows {[len(e) for e in embeddings]}, expected {expected}")
         return [
-            (piece, embeddings[group][row : row + piece.end - piece.start])
-            for piece, group, row in zip(self.slices, self.groups, self.rows, strict=True)
+            (piece, embeddings[group][row : row + count])
+            for piece, group, row, count in zip(
+                self.slices, self.groups, self.rows, self.counts, strict=True
+            )
         ]
 
 
-def _options_key(opt: OutputOptions) -> tuple[int | None, bool, str, int]:
-    # pool_skip too: requests with other prompts are pooled differently, so never one group.
-    return (opt.dims, opt.normalize, opt.kind, opt.pool_skip)
+def span_rows(submit: SubmitRequest, start: int, end: int) -> np.ndarray | None:
+    """int32 ``[k + 1]``: where the rows of sequences ``start..end`` of a span request begin,
+    from 0 (``RequestResult.row_offsets``); None for a request of one row per sequence."""
+    if submit.span_offsets is None:
+        return None
+    part = submit.span_offsets[start : end + 1]
+    return part - part[0]
+
+
+def _options_key(opt: OutputOptions) -> tuple[int | None, bool, str, int, str]:
+    # pool_skip too: requests with other prompts are pooled differently, so never one group;
+    # and rows: a span group's rows are not its sequences'.
+    return (opt.dims, opt.normalize, opt.kind, opt.pool_skip, opt.rows)
 
 
 def plan_batch(batch_id: int, model: str, slices: list[Slice], timeout_s: float) -> BatchPlan:
     """Concatenate the token ids of ``slices`` (whose payloads are SubmitRequests)."""
     outputs: list[OutputOptions] = []
-    group_of: dict[tuple[int | None, bool, str, int], int] = {}
+    group_of: dict[tuple[int | None, bool, str, int, str], int] = {}
     groups: list[int] = []
     rows: list[int] = []
+    counts: list[int] = []
+    span_parts: list[np.ndarray] = []
+    span_counts: list[np.ndarray] = []
+    spanned = False
     next_row: list[int] = []
     id_parts: list[np.ndarray] = []
     length_parts: list[np.ndarray] = []
@@ -67,7 +85,19 @@ def plan_batch(batch_id: int, model: str, slices: list[Slice], timeout_s: float)
         groups.append(group)
         rows.append(next_row[group])
         n = piece.end - piece.start
-        next_row[group] += n
+        # A span request's spans are relative to their sequence: they follow it unchanged.
+        starts_at = span_rows(submit, piece.start, piece.end)
+        if starts_at is None or submit.spans is None or submit.span_offsets is None:
+            count = n
+            span_counts.append(np.zeros(n, np.int32))
+        else:
+            spanned = True
+            count = int(starts_at[-1])
+            first = int(submit.span_offsets[piece.start])
+            span_parts.append(submit.spans[first : first + count])
+            span_counts.append(np.diff(starts_at))
+        counts.append(count)
+        next_row[group] += count
         offs = submit.offsets
         id_parts.append(submit.token_ids[offs[piece.start] : offs[piece.end]])
         length_parts.append(piece.request.lengths[piece.start : piece.end])  # diffed at submit
@@ -79,6 +109,10 @@ def plan_batch(batch_id: int, model: str, slices: list[Slice], timeout_s: float)
         pair_parts.append(part)
     offsets = np.zeros(sum(len(p) for p in length_parts) + 1, dtype=np.int32)
     np.cumsum(np.concatenate(length_parts), out=offsets[1:])
+    span_offsets = None
+    if spanned:
+        span_offsets = np.zeros(len(offsets), dtype=np.int32)
+        np.cumsum(np.concatenate(span_counts), out=span_offsets[1:])
     message = BatchAssign(
         batch_id=batch_id,
         model=model,
@@ -88,8 +122,10 @@ def plan_batch(batch_id: int, model: str, slices: list[Slice], timeout_s: float)
         token_ids=np.concatenate(id_parts).astype(np.int32, copy=False),
         offsets=offsets,
         segment_b_start=np.concatenate(pair_parts) if pairs else None,
+        spans=np.concatenate(span_parts) if spanned else None,
+        span_offsets=span_offsets,
     )
-    return BatchPlan(message=message, slices=slices, groups=groups, rows=rows)
+    return BatchPlan(message=message, slices=slices, groups=groups, rows=rows, counts=counts)
 
 
 def result_chunks(
@@ -120,9 +156,20 @@ def result_chunks(
                 "broker_out": (time.perf_counter() - received) * 1000,
             }
             cid = request.key[1]
+            submit: SubmitRequest = request.payload  # type: ignore[assignment]
+            row_offsets = span_rows(submit, piece.start, piece.end)
             yield (
                 piece,
-                RequestResult(cid, piece.tokens, indices, rows, queue_ms, msg.compute_ms, timings),
+                RequestResult(
+                    cid,
+                    piece.tokens,
+                    indices,
+                    rows,
+                    queue_ms,
+                    msg.compute_ms,
+                    timings,
+                    row_offsets,
+                ),  # fmt: skip
             )
 
     return build()

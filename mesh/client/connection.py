@@ -49,7 +49,9 @@ log = logging.getLogger("embedmesh.client")
 class EmbedResult:
     """Embeddings in input order and the tokens they cost."""
 
-    embeddings: np.ndarray  # [n, d]; float32, float16, int8 or uint8 (packed bits)
+    # [n, d]; float32, float16, int8 or uint8 (packed bits); a request with spans: [S, d],
+    # its rows in span order (SubmitRequest.spans).
+    embeddings: np.ndarray
     prompt_tokens: int
     queue_ms: float = 0.0  # the longest broker queue wait among its chunks
     compute_ms: float = 0.0  # the worker compute time of the batches that carried it
@@ -74,19 +76,23 @@ class _Pending:
     compute_ms: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     sent_at: float = field(default_factory=time.perf_counter)
+    span_offsets: np.ndarray | None = None  # the request's (SubmitRequest.span_offsets)
 
     def add(self, chunk: RequestResult) -> bool:
         """Store a chunk; True once every sequence has arrived."""
         idx = chunk.indices.astype(np.int64)
         if len(idx) and (idx.min() < 0 or idx.max() >= self.n):
             raise ProtocolError("result index out of range")
+        rows = self.n if self.span_offsets is None else int(self.span_offsets[-1])
         if self.out is None:
-            self.out = np.empty((self.n, chunk.embeddings.shape[1]), dtype=chunk.embeddings.dtype)
+            self.out = np.empty((rows, chunk.embeddings.shape[1]), dtype=chunk.embeddings.dtype)
             self.received = np.zeros(self.n, dtype=bool)
         elif chunk.embeddings.shape[1] != self.out.shape[1]:
             raise ProtocolError("result chunks disagree on width")
         fresh = ~self.received[idx]
-        if fresh.all():
+        if self.span_offsets is not None or chunk.row_offsets is not None:
+            self._add_span_rows(chunk, idx, fresh)
+        elif fresh.all():
             self.out[idx] = chunk.embeddings
         else:
             self.out[idx[fresh]] = chunk.embeddings[fresh]
@@ -100,6 +106,23 @@ class _Pending:
                 if ms > self.timings.get(name, -1.0):
                     self.timings[name] = ms
         return self.count == self.n
+
+    def _add_span_rows(self, chunk: RequestResult, idx: np.ndarray, fresh: np.ndarray) -> None:
+        """A span request's chunk: each sequence's rows land where its spans say."""
+        if self.span_offsets is None or chunk.row_offsets is None:
+            raise ProtocolError("span rows for a request without spans, or the reverse")
+        assert self.out is not None
+        starts = self.span_offsets[idx].astype(np.int64)
+        counts = self.span_offsets[idx + 1].astype(np.int64) - starts
+        if not np.array_equal(np.diff(chunk.row_offsets.astype(np.int64)), counts):
+            raise ProtocolError("result rows disagree with the request's spans")
+        counts = np.where(fresh, counts, 0)
+        first = chunk.row_offsets[:-1].astype(np.int64)
+        # Every fresh row's place in the answer and in the chunk, without a loop over them.
+        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        self.out[np.repeat(starts, counts) + within] = chunk.embeddings[
+            np.repeat(first, counts) + within
+        ]
 
     def result(self) -> EmbedResult:
         assert self.out is not None
@@ -191,7 +214,10 @@ class BrokerConnection:
         if not self.alive:
             raise Unavailable(f"broker {self.endpoint} is unreachable")
         loop = asyncio.get_running_loop()
-        pending = _Pending(future=loop.create_future(), n=request.n, tokens=tokens)
+        pending = _Pending(
+            future=loop.create_future(), n=request.n, tokens=tokens,
+            span_offsets=request.span_offsets,
+        )  # fmt: skip
         self._pending[request.cid] = pending
         self.outstanding_tokens += tokens
         try:

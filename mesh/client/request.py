@@ -44,10 +44,19 @@ class ValidRequest:
     # A cross-encoder's request: per sequence where its second text begins (0: a single
     # text); None for every other request (SubmitRequest.segment_b_start).
     segment_b_start: np.ndarray | None = None
+    # A request of several rows per sequence (output.rows "spans"): int32 [S, 2] token ranges
+    # relative to each sequence and int32 [n + 1] offsets into them (SubmitRequest.spans).
+    spans: np.ndarray | None = None
+    span_offsets: np.ndarray | None = None
 
     @property
     def n(self) -> int:
         return len(self.lengths)
+
+    @property
+    def rows(self) -> int:
+        """Rows of its answer: one per sequence, or one per span."""
+        return self.n if self.span_offsets is None else int(self.span_offsets[-1])
 
     @property
     def tokens(self) -> int:

@@ -45,7 +45,7 @@ from aiohttp import web
 from mesh.client import MeshClient, ValidRequest
 from mesh.client.request import INTERACTIVE_MAX_TOKENS
 from mesh.errors import MeshError
-from mesh.ingress import rerank, tei
+from mesh.ingress import contextualized, multivector, rerank, tei
 from mesh.ingress.catalog import Catalog
 from mesh.ingress.config import IngressConfig
 from mesh.ingress.encodings import ENCODINGS, render_embeddings_sliced
@@ -105,6 +105,8 @@ def create_app(cfg: IngressConfig, client: MeshClient | None = None) -> web.Appl
     app.router.add_get("/metrics", _metrics)
     tei.add_routes(app)
     rerank.add_routes(app)  # TEI's /rerank and /predict, /v1/rerank (and /v2/rerank)
+    contextualized.add_routes(app)  # Perplexity's /v1/contextualizedembeddings
+    multivector.add_routes(app)  # TEI's /embed_all
     app.cleanup_ctx.append(_client_lifetime)
     return app
 

@@ -138,3 +138,9 @@ _ROWS: dict[str, Callable[[np.ndarray], np.ndarray | list[str]]] = {
     "base64_int8": _base64_int8,
     "base64_binary": _base64_binary,
 }
+
+
+def render_rows(x: np.ndarray, encoding_format: str) -> np.ndarray | list[str]:
+    """Rows of ``x`` in ``encoding_format``, each ready for orjson (with OPT_SERIALIZE_NUMPY):
+    for the routes that nest vectors in their own shapes (contextualized chunks, per token)."""
+    return _ROWS[encoding_format](x)

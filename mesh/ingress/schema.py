@@ -87,6 +87,41 @@ def parse_embeddings_request(
     return request
 
 
+@dataclass
+class CommonFields:
+    """What the OpenAI-shaped routes other than ``/v1/embeddings`` share with it (model,
+    encoding, dimensions, lane), and the body object for their own fields."""
+
+    doc: dict[str, object]
+    model: str
+    encoding_format: str
+    dimensions: int | None
+    lane: Lane | None
+
+
+def parse_common(
+    body: bytes, priority_header: str | None, default_encoding: str = "float"
+) -> CommonFields:
+    """Parse a JSON object body and its common fields, with this module's statuses."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError.malformed(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ApiError.malformed("the body must be a JSON object")
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError.invalid("'model' is required, a non-empty string", "model")
+    encoding = doc.get("encoding_format")
+    return CommonFields(
+        doc=doc,
+        model=model,
+        encoding_format=_encoding_format(default_encoding if encoding is None else encoding),
+        dimensions=_dimensions(doc.get("dimensions")),
+        lane=_lane(doc.get("priority"), priority_header),
+    )
+
+
 def _prompt_name(value: object) -> str | None:
     if value is not None and (not isinstance(value, str) or not value):
         raise ApiError.invalid("'prompt_name' must be a non-empty string", "prompt_name")

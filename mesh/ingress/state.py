@@ -73,10 +73,11 @@ def account(
     metrics.inference.labels(name, lane_name).observe(result.compute_ms / 1000)
     embeddings = result.embeddings
     kind = valid.output.kind
-    if embeddings.dtype != np.dtype(OUTPUT_KINDS[kind]) or len(embeddings) != valid.n:
+    # valid.rows: one per input, or one per span (chunks, tokens) of a span request.
+    if embeddings.dtype != np.dtype(OUTPUT_KINDS[kind]) or len(embeddings) != valid.rows:
         raise ProtocolViolation(
-            f"the mesh answered {embeddings.dtype} {embeddings.shape} for {valid.n} "
-            f"inputs of kind {kind}"
+            f"the mesh answered {embeddings.dtype} {embeddings.shape} for {valid.rows} "
+            f"rows of kind {kind}"
         )
     metrics.prompt_tokens.labels(name).inc(result.prompt_tokens)
     metrics.inputs.labels(name).inc(valid.n)

@@ -46,6 +46,7 @@ from aiohttp import web
 
 from mesh.client import EmbedResult, ValidRequest
 from mesh.client.request import prompt_text
+from mesh.client.spans import MAX_TOKEN_VECTOR_VALUES
 from mesh.config import MAX_BATCH_REQUESTS, MAX_BATCH_TOKENS_CPU
 from mesh.errors import InvalidInput, ModelNotFound, Unavailable
 from mesh.ingress.encodings import render_vectors_sliced
@@ -268,6 +269,8 @@ def info_doc(model: ModelInfo, state: IngressState) -> dict[str, object]:
         "max_client_batch_size": cfg.max_inputs,
         "auto_truncate": cfg.auto_truncate,
         "tokenization_workers": cfg.tokenizer_threads,
+        # Ours: the most numbers (tokens x width) one /embed_all answer holds (413 beyond).
+        "max_embed_all_values": MAX_TOKEN_VECTOR_VALUES,
         "version": VERSION,
         "sha": None,
         "docker_label": None,

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from mesh.worker.engine.outputs import finalize_tensor
+from mesh.worker.engine.spans import absolute_spans
 from proto_msgs import BatchAssign
 
 _ALIGN = 64  # bytes; every group's results start on this boundary inside a slot
@@ -85,16 +86,20 @@ class ResultPipeline:
         engine refuses (a client error) and anything else for an engine failure."""
         started = time.perf_counter()
         with torch.inference_mode():
-            pooled = self._embed(batch)
+            pooled, span_rows, span_group = self._embed(batch)
             outputs = []
             for g, out in enumerate(batch.outputs):
+                source, owner = (pooled, batch.output_index)
+                if out.rows == "spans":
+                    assert span_rows is not None and span_group is not None
+                    source, owner = span_rows, span_group
                 if len(batch.outputs) == 1:
-                    part = pooled
+                    part = source
                 else:
-                    rows = torch.from_numpy(np.flatnonzero(batch.output_index == g))
+                    rows = torch.from_numpy(np.flatnonzero(owner == g))
                     if self.cuda:  # pinned and non_blocking: a pageable copy syncs the stream
-                        rows = rows.pin_memory().to(pooled.device, non_blocking=True)
-                    part = pooled[rows]
+                        rows = rows.pin_memory().to(source.device, non_blocking=True)
+                    part = source[rows]
                 outputs.append(finalize_tensor(part, out.dims, out.normalize, out.kind))
             if not self.cuda:
                 host = [t.numpy() for t in outputs]
@@ -115,16 +120,28 @@ class ResultPipeline:
                 raise
         return Launched(batch.batch_id, started, host, done, slot, outputs)
 
-    def _embed(self, batch: BatchAssign) -> torch.Tensor:
+    def _embed(
+        self, batch: BatchAssign
+    ) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray | None]:
+        """Pooled rows per sequence and, for a batch with spans, the span rows and each span
+        row's output group."""
         engine = self.engine
         # A cross-encoder's pairs (where each second text begins), only when the batch has any.
         extra = {} if batch.segment_b_start is None else {"pairs": batch.segment_b_start}
         skips = [out.pool_skip for out in batch.outputs]
-        if not any(skips):
-            return engine.embed(batch.token_ids, batch.offsets, **extra)  # type: ignore[attr-defined]
         # Per sequence, the prompt tokens its group's requests leave out of the pooling.
-        skip = np.asarray(skips, dtype=np.int64)[batch.output_index]
-        return engine.embed(batch.token_ids, batch.offsets, skip, **extra)  # type: ignore[attr-defined]
+        skip = np.asarray(skips, dtype=np.int64)[batch.output_index] if any(skips) else None
+        if batch.spans is None or batch.span_offsets is None:
+            # Without a skip, the engine is called as engines without prompts are (test fakes).
+            args = () if skip is None else (skip,)
+            pooled = engine.embed(batch.token_ids, batch.offsets, *args, **extra)  # type: ignore[attr-defined]
+            return pooled, None, None
+        spans = absolute_spans(batch.spans, batch.span_offsets, batch.offsets)
+        pooled, span_rows = engine.embed_with_spans(  # type: ignore[attr-defined]
+            batch.token_ids, batch.offsets, spans, skip, **extra
+        )
+        group = np.repeat(batch.output_index, np.diff(batch.span_offsets))
+        return pooled, span_rows, group
 
     def collect(self, launched: Launched) -> tuple[list[np.ndarray], float]:
         """Wait for ``launched`` (call in launch order) and return its host results and the

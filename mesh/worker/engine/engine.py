@@ -41,6 +41,7 @@ from mesh.worker.engine.loader import load_model
 from mesh.worker.engine.models.registry import spec_for_config
 from mesh.worker.engine.outputs import finalize
 from mesh.worker.engine.pooling import pool, positions
+from mesh.worker.engine.spans import span_means
 
 if TYPE_CHECKING:
     from mesh.worker.engine.gpu import GpuRunner
@@ -85,6 +86,8 @@ class Engine:
     dense: torch.nn.Module | None = None
     # A cross-encoder's token type 1 as an id shift (BertEncoder.fold_pair_types); 0: none.
     pair_shift: int = 0
+    # Width of the final hidden states: what a span row (embed_with_spans) holds.
+    hidden_size: int = 0
 
     @classmethod
     def load(
@@ -158,18 +161,19 @@ class Engine:
         else:
             dense = load_dense(model_dir, card.dense, device)
         budget = max_batch_tokens or default_max_batch_tokens(device.type, graph_max_tokens)
+        hidden_size = int(read_config(model_dir)["hidden_size"])
         if device.type != "cuda" or attention is not None:
             backend = attention or cpu_backend()
             return cls(
                 card, model, device, model.dtype, budget, backend, kernels=kernels, dense=dense,
-                pair_shift=pair_shift,
+                pair_shift=pair_shift, hidden_size=hidden_size,
             )  # fmt: skip
         from mesh.worker.engine.gpu import GpuRunner
 
         runner = GpuRunner(model, card, device, graph_max_tokens, graphs, dense=dense)
         return cls(
             card, model, device, model.dtype, budget, runner.eager_attn, runner, kernels, dense,
-            pair_shift,
+            pair_shift, hidden_size,
         )  # fmt: skip
 
     def warmup(self, buckets: list[int]) -> None:
@@ -210,6 +214,49 @@ class Engine:
         as the ids shifted by ``pair_shift`` (into the folded half of the word table), so a
         batch of pairs runs the same forward, and on CUDA replays the same graphs.
         """
+        return self._forward(ids, offsets, skip, pairs, keep_hidden=False)[0]
+
+    def embed_with_spans(
+        self,
+        ids: np.ndarray,
+        offsets: np.ndarray,
+        spans: np.ndarray,
+        skip: np.ndarray | None = None,
+        pairs: np.ndarray | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``embed``'s pooled ``float32 [n, D]`` and, from the same forward, ``float32 [S, H]``
+        span rows: row ``s`` is the mean of the final hidden states (before pooling and any
+        Dense layer) of packed tokens ``spans[s, 0]:spans[s, 1]`` (int ``[S, 2]``, positions
+        in the batch, each non-empty and inside one sequence, else ValueError). On CUDA such a
+        batch runs eagerly (:meth:`GpuRunner.embed_with_hidden` says why)."""
+        lengths = self._validate(ids, offsets)
+        spans = np.asarray(spans)
+        if spans.ndim != 2 or spans.shape[1] != 2 or not np.issubdtype(spans.dtype, np.integer):
+            raise ValueError("spans must be integers [S, 2]")
+        if spans.size:
+            seq = np.searchsorted(offsets, spans[:, 0], side="right") - 1
+            ends = np.asarray(offsets)[np.clip(seq + 1, 0, len(lengths))]
+            if (
+                (spans[:, 0] < 0).any()
+                or (spans[:, 1] <= spans[:, 0]).any()
+                or (spans[:, 1] > ends).any()
+            ):
+                raise ValueError("a span must be non-empty and inside one sequence")
+        pooled, hidden = self._forward(ids, offsets, skip, pairs, keep_hidden=True)
+        with torch.inference_mode():
+            if hidden is None:  # an empty batch
+                return pooled, torch.zeros(0, self.hidden_size, device=self.device)
+            return pooled, span_means(hidden, spans)
+
+    def _forward(
+        self,
+        ids: np.ndarray,
+        offsets: np.ndarray,
+        skip: np.ndarray | None,
+        pairs: np.ndarray | None,
+        keep_hidden: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Pooled vectors and, when ``keep_hidden``, the final hidden states ``[T, H]``."""
         lengths = self._validate(ids, offsets)
         skip = self._validate_skip(skip, lengths)
         types = self._token_types(pairs, offsets, lengths)
@@ -217,10 +264,13 @@ class Engine:
             ids = ids.astype(np.int64) + self.pair_shift * types
         n = lengths.shape[0]
         if n == 0:
-            return torch.zeros(0, self.card.dims, dtype=torch.float32, device=self.device)
+            empty = torch.zeros(0, self.card.dims, dtype=torch.float32, device=self.device)
+            return empty, None
         if self.runner is not None:
             with torch.inference_mode():
-                return self.runner.embed(ids, offsets, skip)
+                if keep_hidden:
+                    return self.runner.embed_with_hidden(ids, offsets, skip)
+                return self.runner.embed(ids, offsets, skip), None
         with torch.inference_mode():
             ids_t = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
             cu = torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.int32)).to(self.device)
@@ -228,7 +278,8 @@ class Engine:
             self.attention.plan(cu, self.card.causal)
             hidden = self.model(ids_t, positions(cu, ids_t.shape[0]), self.attention)
             pooled = pool(hidden, cu, self.card.pooling, skip_t)
-            return pooled if self.dense is None else self.dense(pooled)
+            pooled = pooled if self.dense is None else self.dense(pooled)
+            return pooled, hidden if keep_hidden else None
 
     def embed_final(
         self,

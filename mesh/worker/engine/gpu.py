@@ -159,6 +159,25 @@ class GpuRunner:
         """Pooled ``float32 [n, D]`` on the device for a validated packed batch (``skip``:
         int64 ``[n]`` leading tokens left out of the pooling, or None). A cross-encoder's pairs
         come as shifted ids (``Engine.embed``): they replay the graphs as single texts do."""
+        return self._run(ids, offsets, skip, keep_hidden=False)[0]
+
+    def embed_with_hidden(
+        self, ids: np.ndarray, offsets: np.ndarray, skip: np.ndarray | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``embed`` and the final hidden states ``[T, H]``, for a batch holding span requests
+        (contextualized chunks, per-token vectors). Always eager, never a graph: a graph's
+        hidden states are an intermediate inside its private memory pool, overwritten by the
+        next replay, and its static output is ``[slots, D]`` pooled rows, while span rows are
+        ragged (up to one per token). Such batches are rare and long (whole documents), so the
+        launches a graph saves are a small part of their time; ordinary batches keep the graphs.
+        """
+        pooled, hidden = self._run(ids, offsets, skip, keep_hidden=True)
+        assert hidden is not None
+        return pooled, hidden
+
+    def _run(
+        self, ids: np.ndarray, offsets: np.ndarray, skip: np.ndarray | None, keep_hidden: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         offsets = np.ascontiguousarray(offsets, dtype=np.int32)
         lengths = np.diff(offsets)
         n, total = len(lengths), int(offsets[-1])
@@ -168,7 +187,7 @@ class GpuRunner:
         self._turn = (self._turn + 1) % len(self.staging)
         ids_h, pos_h, cu_h = stage.fill(ids, pos, offsets)
         bucket = self.bucket_for(total, n)
-        graph = self.graphs.get(bucket) if bucket is not None else None
+        graph = self.graphs.get(bucket) if bucket is not None and not keep_hidden else None
         if graph is not None:
             self.graph_batches += 1
             graph.ids[:total].copy_(ids_h, non_blocking=True)
@@ -178,7 +197,7 @@ class GpuRunner:
             stage.copied.record()  # after plan: it may copy from cu_h too
             graph.graph.replay()
             # A copy: the next replay rewrites the static output.
-            return graph.pooled[:n].clone()
+            return graph.pooled[:n].clone(), None
         self.eager_batches += 1
         ids_d = ids_h.to(self.device, non_blocking=True)
         pos_d = pos_h.to(self.device, non_blocking=True)
@@ -193,7 +212,7 @@ class GpuRunner:
             pooled = self.dense(pooled)
         if bucket is not None and self._budget_left():
             self._try_capture(bucket)
-        return pooled
+        return pooled, hidden if keep_hidden else None
 
     def _stage_pooling(
         self,

@@ -1,0 +1,78 @@
+"""TEI's ``POST /embed_all``: every token's final hidden state, for each input (multi-vector
+retrieval, late interaction, token-level features).
+
+Request as TEI's ``EmbedAllRequest``: ``inputs`` (a string, token ids, or a list of either),
+``truncate``, ``truncation_direction``, ``prompt_name`` (the prompt's tokens are tokens too);
+plus an extension, ``encoding_format``: ``"float"`` (default, TEI's answer: per input a list of
+per-token float lists) or ``"base64"`` (per input a list of per-token strings, each the float32
+vector little-endian, base64: about a third of the bytes). Every token is returned, special
+tokens included, as TEI does; the vectors are raw (full hidden width, not normalized, before
+pooling and any Dense layer). One request's answer holds at most
+``mesh.client.spans.MAX_TOKEN_VECTOR_VALUES`` numbers (tokens x width); ``GET /info`` states it
+as ``max_embed_all_values``, and a request beyond is 413 (TEI's ``Validation``). On the mesh it
+is a span request with one span per token (``proto_msgs.messages``), so it is batched,
+requeued and isolated like any other. Errors have TEI's shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+from aiohttp import web
+
+from mesh.client.spans import per_token
+from mesh.ingress import tei
+from mesh.ingress.encodings import render_rows
+from mesh.ingress.http_errors import TEI, ApiError
+from mesh.ingress.schema import PRIORITY_HEADER, header_lane
+from mesh.ingress.state import STATE, account, read_body
+from mesh.ingress.tei_schema import parse_embed_request
+
+FORMATS = ("float", "base64")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/embed_all", _embed_all, name=f"{TEI}.embed_all")
+
+
+def _encoding_format(body: bytes) -> str:
+    value = orjson.loads(body).get("encoding_format", "float")  # an object: parsed before
+    if value not in FORMATS:
+        raise ApiError.invalid(
+            f"'encoding_format' must be one of {', '.join(FORMATS)}; got {value!r}",
+            "encoding_format",
+        )
+    return value
+
+
+async def _embed_all(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    cfg = state.cfg
+    start = time.perf_counter()
+    body = await read_body(request, cfg.max_body_bytes)
+    req = parse_embed_request(body, cfg.max_inputs)
+    encoding_format = _encoding_format(body)
+    lane = header_lane(request.headers.get(PRIORITY_HEADER))
+    info = tei.model_for(state, request)
+    parsed = time.perf_counter()
+    valid = await tei._front_door(state, request.app[tei._TOKENIZERS], info, req, lane)
+    valid = per_token(valid)
+    prepared = time.perf_counter()
+    result = await state.client.submit(valid, cfg.request_timeout_s)
+    meshed = time.perf_counter()
+    tokenized = prepared - parsed if req.inputs.texts is not None else None
+    rows = account(state, valid, result, tokenized, meshed - prepared)
+    assert valid.span_offsets is not None
+    parts = []
+    for i in range(valid.n):
+        tokens = rows[valid.span_offsets[i] : valid.span_offsets[i + 1]]
+        parts.append(orjson.dumps(render_rows(tokens, encoding_format),
+                                  option=orjson.OPT_SERIALIZE_NUMPY))  # fmt: skip
+        await asyncio.sleep(0)  # an input at a time: the loop stays free for queries
+    out = b"[" + b",".join(parts) + b"]"
+    headers = tei.timing_headers(
+        time.perf_counter() - start, prepared - parsed, result, req.inputs.chars
+    )
+    return web.Response(body=out, content_type="application/json", headers=headers)
