@@ -105,6 +105,18 @@ def _submits() -> list[Message]:
             offsets=offsets,
             segment_b_start=np.array([2, 3, 0], dtype=np.int32),
         ),
+        # Contextualized chunks: one span per chunk of each document, relative to it.
+        SubmitRequest(
+            cid=4,
+            model="all-MiniLM-L6-v2",
+            lane=Lane.BATCH,
+            timeout_ms=None,
+            output=OutputOptions(kind="int8", rows="spans"),
+            token_ids=token_ids,
+            offsets=offsets,
+            spans=np.array([[1, 2], [2, 4], [1, 3], [0, 2]], dtype=np.int32),
+            span_offsets=np.array([0, 2, 3, 4], dtype=np.int32),
+        ),
     ]
 
 
@@ -124,7 +136,14 @@ def _results() -> list[Message]:
         indices=np.zeros(0, np.int32),
         embeddings=np.zeros((0, 384), np.float32),
     )
-    return [*out, empty]
+    spans = RequestResult(
+        cid=4,
+        prompt_tokens=12,
+        indices=np.array([1, 0], dtype=np.int32),
+        embeddings=embeddings(3, "int8"),
+        row_offsets=np.array([0, 1, 3], dtype=np.int32),
+    )
+    return [*out, empty, spans]
 
 
 def _worker_side() -> list[Message]:
