@@ -15,6 +15,7 @@ restarted shows only there). Exit 1 on any unexpected error, restart, or unclean
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import queue
 import sys
@@ -209,12 +210,11 @@ def run(
     latencies: dict[str, list[float]] = {}
     mesh = SpawnedMesh(mesh_args)
     url = mesh.start()
-    cfg = LoadConfig(**{**cfg.__dict__, "url": url})
+    cfg = dataclasses.replace(cfg, url=url)
     doc["config"] = {**cfg.__dict__, "mesh": mesh.describe(), "warmup_s": warmup_s}
     load = ctx.Process(target=load_main, args=(cfg, texts, counters, events, stop), daemon=True)
     load.start()
     t0 = time.monotonic()
-    exit_code: int | None = None
     try:
         while time.monotonic() - t0 < duration_s and load.is_alive():
             time.sleep(max(0.0, min(sample_every, duration_s - (time.monotonic() - t0))))
