@@ -43,6 +43,11 @@ MODEL_FORGET_S = 600.0
 # EMBEDMESH_BULK_NICE overrides it.
 BULK_NICE = 0
 DEFAULT_REQUEST_TIMEOUT_S = 120.0  # client-side deadline when the caller gives none
+# Sparse (SPLADE) output: the (id, weight) pairs kept per input when a request names no top_k,
+# and the most it may ask for (proto_msgs.limits.MAX_SPARSE_TOP_K bounds the wire). A SPLADE
+# query has tens of non-zero weights, a passage one to a few hundred; 64..1024 is reasonable.
+SPARSE_TOP_K = 256
+SPARSE_TOP_K_MAX = 2048
 
 
 @dataclass

@@ -42,6 +42,10 @@ OUTPUT_KINDS: dict[str, str] = {
     "float16": "float16",
     "int8": "int8",  # symmetric per-vector absmax scaling to ±127
     "binary": "uint8",  # sign bits, np.packbits order (first dimension = most significant bit)
+    # A sparse model's weights (ModelInfo.task "sparse"): per sequence a row of 2 * top_k
+    # float32, its at most top_k token ids (exact in float32: ids < 2**24) then their weights,
+    # sorted by id, only weights > threshold, zero-padded (a pad's weight is 0, never kept).
+    "sparse": "float32",
 }
 # What a row of the result is (OutputOptions.rows): a sequence's pooled vector, or a span's mean.
 ROW_KINDS: tuple[str, ...] = ("sequence", "spans")
@@ -66,6 +70,10 @@ class OutputOptions:
     # Leading tokens of each sequence left out of the pooling: the prompt's, for a model whose
     # pooling excludes it (ModelInfo.include_prompt false); each sequence is longer.
     pool_skip: int = 0
+    # Kind "sparse" only: the most (id, weight) pairs a row keeps, the largest weights first,
+    # and the weight a pair must exceed; 0 and 0.0 for every other kind.
+    top_k: int = 0
+    threshold: float = 0.0
     # One of ROW_KINDS: "sequence", one pooled row per sequence; "spans", one row per span of
     # each sequence (the module docstring), its request carrying the spans.
     rows: str = "sequence"
@@ -81,6 +89,11 @@ class OutputOptions:
             raise ProtocolError(f"{where}: dims out of range")
         if not 0 <= self.pool_skip <= limits.MAX_TOKENS:
             raise ProtocolError(f"{where}: pool_skip out of range")
+        sparse = self.kind == "sparse"
+        if not (1 <= self.top_k <= limits.MAX_SPARSE_TOP_K if sparse else self.top_k == 0):
+            raise ProtocolError(f"{where}: top_k is 1..{limits.MAX_SPARSE_TOP_K} for sparse only")
+        if not (0.0 <= self.threshold < float("inf")) or (self.threshold and not sparse):
+            raise ProtocolError(f"{where}: threshold must be finite, >= 0, for sparse only")
 
 
 @dataclass
@@ -105,6 +118,8 @@ class ModelInfo:
     include_prompt: bool = True
     # "embed": a vector per text. "score": a cross-encoder (reranker, classifier): one logit per
     # label per text or (query, passage) pair, ``dims == len(labels)``, never normalized.
+    # "sparse": a SPLADE-style model, one weight per vocabulary entry (``dims == vocab_size``),
+    # served only as the output kind "sparse" (its top_k largest).
     task: str = "embed"
     labels: list[str] = field(default_factory=list)  # a scorer's label names, by logit index
     # What turns a scorer's logits into its scores (the ingress applies it, unless raw):

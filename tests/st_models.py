@@ -138,3 +138,43 @@ def build_cross_encoder(
     transformers.AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(raw)
     CrossEncoder(str(raw), device="cpu", max_length=MAX_TOKENS).save(str(path))
     return path
+
+
+def build_splade(path: Path, seed: int = 13, hidden: int = HIDDEN, heads: int = 4) -> Path:
+    """A tiny random-weight ``BertForMaskedLM`` (the embedded MiniLM's WordPiece tokenizer, its
+    decoder tied to the word embeddings) saved as sentence-transformers' ``SparseEncoder`` saves
+    a SPLADE model: ``MLMTransformer`` then ``SpladePooling`` (max, relu). The MLM head's bias
+    is shifted down so that, as in a trained SPLADE model, most vocabulary weights are zero."""
+    import torch
+    import transformers
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling
+
+    from mesh.worker.engine.card import default_model_path
+
+    config = transformers.BertConfig(
+        vocab_size=30522,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        max_position_embeddings=MAX_TOKENS,
+    )
+    torch.manual_seed(seed)
+    model = transformers.BertForMaskedLM(config).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if p.dim() == 1 and "layernorm" in name.lower():
+                p.copy_(1.0 + 0.2 * noise if name.endswith("weight") else 0.1 * noise)
+            elif name == "cls.predictions.bias":
+                p.copy_(noise - 3.0)
+            else:
+                p.copy_(0.1 * noise)
+    raw = path.with_name(path.name + "-hf")
+    model.save_pretrained(raw, safe_serialization=True)
+    transformers.AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(raw)
+    mlm = MLMTransformer(str(raw), max_seq_length=MAX_TOKENS)
+    SparseEncoder(modules=[mlm, SpladePooling("max")], device="cpu").save(str(path))
+    return path

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -52,16 +52,16 @@ def span_rows(submit: SubmitRequest, start: int, end: int) -> np.ndarray | None:
     return part - part[0]
 
 
-def _options_key(opt: OutputOptions) -> tuple[int | None, bool, str, int, str]:
-    # pool_skip too: requests with other prompts are pooled differently, so never one group;
-    # and rows: a span group's rows are not its sequences'.
-    return (opt.dims, opt.normalize, opt.kind, opt.pool_skip, opt.rows)
+def _options_key(opt: OutputOptions) -> tuple[object, ...]:
+    # Every field: requests whose outputs differ in anything (dims, prompt skip, sparse top_k,
+    # ...) are post-processed differently, so never one group; a field added later is too.
+    return tuple(getattr(opt, f.name) for f in fields(opt))
 
 
 def plan_batch(batch_id: int, model: str, slices: list[Slice], timeout_s: float) -> BatchPlan:
     """Concatenate the token ids of ``slices`` (whose payloads are SubmitRequests)."""
     outputs: list[OutputOptions] = []
-    group_of: dict[tuple[int | None, bool, str, int, str], int] = {}
+    group_of: dict[tuple[object, ...], int] = {}
     groups: list[int] = []
     rows: list[int] = []
     counts: list[int] = []

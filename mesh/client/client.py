@@ -189,17 +189,21 @@ class MeshClient:
         lane: int | None = None,
         truncate: bool = False,
         prompt_name: str | None = None,
+        top_k: int | None = None,
+        threshold: float = 0.0,
     ) -> ValidRequest:
         """Resolve ``model``, check the options, tokenize (live work first; all but the
         shortest queries on the tokenizer threads): the request ready to submit. ``lane``
         None: chosen by size. ``prompt_name``: one of the model's sentence-transformers
-        prompts, put before every text (None: the model's default prompt, if it has one)."""
+        prompts, put before every text (None: the model's default prompt, if it has one).
+        ``kind="sparse"`` for a sparse model's weights, ``top_k`` and ``threshold`` bounding
+        them (``request.output_options``)."""
         texts = list(texts)
         if not texts:
             raise InvalidInput("no input given", param="input")
         info = self.resolve(model)
-        check_task(info, "embed")
-        output = output_options(info, dims, normalize, kind)
+        check_task(info, "sparse" if kind == "sparse" else "embed")
+        output = output_options(info, dims, normalize, kind, top_k, threshold)
         prompt = prompt_text(info, prompt_name)
         if prompt:
             texts = [prompt + t for t in texts]
@@ -221,11 +225,14 @@ class MeshClient:
         kind: str = "float32",
         lane: int | None = None,
         truncate: bool = False,
+        top_k: int | None = None,
+        threshold: float = 0.0,
     ) -> ValidRequest:
-        """Resolve ``model`` and check the given ids (ids concatenated, offsets n+1) once."""
+        """Resolve ``model`` and check the given ids (ids concatenated, offsets n+1) once
+        (``kind``, ``top_k``, ``threshold`` as in :meth:`prepare_texts`)."""
         info = self.resolve(model)
-        check_task(info, "embed")
-        output = output_options(info, dims, normalize, kind)
+        check_task(info, "sparse" if kind == "sparse" else "embed")
+        output = output_options(info, dims, normalize, kind, top_k, threshold)
         valid = valid_tokens(info, token_ids, offsets, output, lane, truncate)
         self._check_backlog(info, valid.lane, valid.tokens)
         return valid

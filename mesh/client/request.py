@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mesh.config import SPARSE_TOP_K, SPARSE_TOP_K_MAX
 from mesh.errors import InvalidInput
 from proto_msgs import OUTPUT_KINDS, Lane, ModelInfo, OutputOptions
 
@@ -86,7 +87,18 @@ def _chosen_lane(chosen: int) -> Lane:
         raise InvalidInput(f"lane must be one of {names}; got {chosen!r}", param="lane") from None
 
 
-def output_options(model: ModelInfo, dims: int | None, normalize: bool, kind: str) -> OutputOptions:
+def output_options(
+    model: ModelInfo,
+    dims: int | None,
+    normalize: bool,
+    kind: str,
+    top_k: int | None = None,
+    threshold: float = 0.0,
+) -> OutputOptions:
+    """The checked output options; for the kind "sparse", ``top_k`` (None: SPARSE_TOP_K, at
+    most SPARSE_TOP_K_MAX) and ``threshold`` (>= 0), and no ``dims`` or normalization."""
+    if kind == "sparse":
+        return sparse_options(model, dims, top_k, threshold)
     if kind not in OUTPUT_KINDS:
         raise InvalidInput(
             f"unknown output kind {kind!r}; use one of {sorted(OUTPUT_KINDS)}", param="kind"
@@ -99,11 +111,43 @@ def output_options(model: ModelInfo, dims: int | None, normalize: bool, kind: st
     return OutputOptions(dims=dims, normalize=normalize, kind=kind)
 
 
+def sparse_options(
+    model: ModelInfo, dims: int | None, top_k: int | None, threshold: float
+) -> OutputOptions:
+    if dims is not None:
+        raise InvalidInput("sparse weights have no 'dimensions'", param="dimensions")
+    top_k = SPARSE_TOP_K if top_k is None else top_k
+    if type(top_k) is not int or not 1 <= top_k <= SPARSE_TOP_K_MAX:
+        raise InvalidInput(
+            f"'top_k' must be an integer from 1 to {SPARSE_TOP_K_MAX}; got {top_k!r}",
+            param="top_k",
+        )
+    if isinstance(threshold, bool) or not (0.0 <= threshold < float("inf")):
+        raise InvalidInput(
+            f"'threshold' must be a number >= 0; got {threshold!r}", param="threshold"
+        )
+    return OutputOptions(normalize=False, kind="sparse", top_k=top_k, threshold=float(threshold))
+
+
 def check_task(model: ModelInfo, task: str) -> None:
     """InvalidInput naming what ``model`` does when it does not do ``task``: embeddings from a
-    cross-encoder, or scores from an embedding model."""
+    cross-encoder or a sparse model, scores from an embedding model, sparse weights from a
+    model without them."""
     if model.task == task:
         return
+    if model.task == "sparse":
+        raise InvalidInput(
+            f"model {model.name!r} is a sparse (SPLADE) model: it gives vocabulary weights "
+            "(/embed_sparse) and has no dense embeddings or scores",
+            param="model",
+        )
+    if task == "sparse":
+        what = "a cross-encoder" if model.task == "score" else "a dense embedding model"
+        raise InvalidInput(
+            f"model {model.name!r} is {what}: it has no sparse weights; /embed_sparse needs a "
+            "sparse (SPLADE) model",
+            param="model",
+        )
     if model.task == "score":
         raise InvalidInput(
             f"model {model.name!r} is a cross-encoder: it scores texts and (query, passage) "

@@ -24,7 +24,8 @@ Every embedding response also carries TEI's timing headers (``x-compute-time``,
 
 Routes: ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /v1/models/{model}``, ``GET /health``
 (and ``GET /``, as TEI), ``GET /metrics``, and TEI's (``mesh.ingress.tei``): ``POST /``,
-``POST /embed``, ``POST /tokenize``, ``POST /decode``, ``GET /info``; the cross-encoders'
+``POST /embed``, ``POST /embed_sparse`` (``mesh.ingress.sparse``), ``POST /tokenize``,
+``POST /decode``, ``GET /info``; the cross-encoders'
 (``mesh.ingress.rerank``): TEI's ``POST /rerank`` and ``/predict``, ``POST /v1/rerank`` (and
 ``/v2/rerank``). With an API key set, ``/v1/*``, ``/v2/*`` and TEI's routes need
 ``Authorization: Bearer KEY`` (``/info`` too, as TEI); ``/health``, ``GET /`` and ``/metrics``
@@ -45,7 +46,7 @@ from aiohttp import web
 from mesh.client import MeshClient, ValidRequest
 from mesh.client.request import INTERACTIVE_MAX_TOKENS
 from mesh.errors import MeshError
-from mesh.ingress import contextualized, multivector, rerank, tei
+from mesh.ingress import contextualized, multivector, rerank, sparse, tei
 from mesh.ingress.catalog import Catalog
 from mesh.ingress.config import IngressConfig
 from mesh.ingress.encodings import ENCODINGS, render_embeddings_sliced
@@ -105,6 +106,7 @@ def create_app(cfg: IngressConfig, client: MeshClient | None = None) -> web.Appl
     app.router.add_get("/metrics", _metrics)
     tei.add_routes(app)
     rerank.add_routes(app)  # TEI's /rerank and /predict, /v1/rerank (and /v2/rerank)
+    sparse.add_routes(app)  # TEI's /embed_sparse
     contextualized.add_routes(app)  # Perplexity's /v1/contextualizedembeddings
     multivector.add_routes(app)  # TEI's /embed_all
     app.cleanup_ctx.append(_client_lifetime)

@@ -16,7 +16,8 @@ LangChain's and LlamaIndex's TEI integrations, raw HTTP) work unchanged.
 - ``POST /decode``: ``ids`` (a list of ids or a list of such lists), ``skip_special_tokens``
   (true); always a list of strings, as TEI.
 - ``GET /info``: TEI's ``Info`` fields, from the model's catalog entry and this ingress's
-  settings.
+  settings (a sparse model's ``model_type`` is ``{"embedding": {"pooling": "splade"}}``, as
+  TEI reports SPLADE models). ``POST /embed_sparse`` is :mod:`mesh.ingress.sparse`'s.
 
 Everything goes through the one front door (``MeshClient.prepare_texts`` / ``prepare_tokens``,
 then ``submit``): the same validation, lanes (``X-Embedmesh-Priority`` works here too) and
@@ -55,6 +56,7 @@ from mesh.ingress.schema import PRIORITY_HEADER, header_lane
 from mesh.ingress.state import STATE, IngressState, account, json_response, read_body
 from mesh.ingress.tei_schema import (
     EmbedRequest,
+    SparseRequest,
     parse_decode_request,
     parse_embed_request,
     parse_tokenize_request,
@@ -76,7 +78,7 @@ MAX_CHARS_PER_TOKEN = 250
 # TEI's default for this field, which TEI's clients expect to find.
 MAX_CONCURRENT_REQUESTS = 512
 # Our pooling names → TEI's.
-POOLING = {"mean": "mean", "cls": "cls", "last": "last_token"}
+POOLING = {"mean": "mean", "cls": "cls", "last": "last_token", "splade": "splade"}
 
 
 def _version() -> str:
@@ -180,6 +182,8 @@ async def _front_door(
     truncate = state.cfg.auto_truncate if req.truncate is None else req.truncate
     options = {"dims": req.dimensions, "normalize": req.normalize, "lane": lane,
                "truncate": truncate}  # fmt: skip
+    if isinstance(req, SparseRequest):  # /embed_sparse: a sparse model's largest weights
+        options.update(kind="sparse", top_k=req.top_k, threshold=req.threshold)
     inputs = req.inputs
     left = truncate and req.direction == "left"
     if inputs.texts is not None and not left:

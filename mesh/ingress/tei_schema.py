@@ -312,3 +312,40 @@ def parse_predict_request(body: bytes, max_inputs: int) -> PredictRequest:
 
 def _is_pair(value: object) -> bool:
     return isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)
+
+
+@dataclass
+class SparseRequest(EmbedRequest):
+    """TEI's ``POST /embed_sparse``: ``inputs``, ``truncate``, ``truncation_direction``,
+    ``prompt_name`` as ``/embed`` takes them (no ``normalize`` or ``dimensions``), plus ours:
+    ``top_k`` (None: the server's default) and ``threshold``."""
+
+    top_k: int | None = None
+    threshold: float = 0.0
+
+
+def parse_sparse_request(body: bytes, max_inputs: int) -> SparseRequest:
+    """``top_k`` a positive integer, ``threshold`` a number >= 0 (the front door checks the
+    bound of ``top_k``); TEI's ``/embed_sparse`` fields as in :func:`parse_embed_request`."""
+    doc = _object(body)
+    top_k = doc.get("top_k")
+    if top_k is not None and (type(top_k) is not int or top_k < 1):
+        raise ApiError.invalid("'top_k' must be a positive integer", "top_k")
+    threshold = doc.get("threshold", 0.0)
+    if type(threshold) not in (int, float) or not 0.0 <= threshold < float("inf"):
+        raise ApiError.invalid("'threshold' must be a number >= 0", "threshold")
+    request = SparseRequest(
+        inputs=_inputs(doc, max_inputs),
+        normalize=False,
+        truncate=_optional_flag(doc, "truncate"),
+        direction=_direction(doc.get("truncation_direction")),
+        prompt_name=_prompt_name(doc),
+        top_k=top_k,
+        threshold=float(threshold),
+    )
+    if request.prompt_name is not None and request.inputs.texts is None:
+        raise ApiError.invalid(
+            "'prompt_name' applies to text input only; token ids are embedded as given",
+            "prompt_name",
+        )
+    return request

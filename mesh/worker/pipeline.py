@@ -100,7 +100,11 @@ class ResultPipeline:
                     if self.cuda:  # pinned and non_blocking: a pageable copy syncs the stream
                         rows = rows.pin_memory().to(source.device, non_blocking=True)
                     part = source[rows]
-                outputs.append(finalize_tensor(part, out.dims, out.normalize, out.kind))
+                outputs.append(
+                    finalize_tensor(
+                        part, out.dims, out.normalize, out.kind, out.top_k, out.threshold
+                    )
+                )
             if not self.cuda:
                 host = [t.numpy() for t in outputs]
                 return Launched(batch.batch_id, started, host, ready_at=time.perf_counter())

@@ -27,7 +27,13 @@ from mesh.worker.engine.models.registry import (
     spec_for_family,
     standard_config,
 )
-from mesh.worker.engine.st_config import DenseLayer, Pooling, StPipeline, read_st_pipeline
+from mesh.worker.engine.st_config import (
+    DenseLayer,
+    Pooling,
+    Splade,
+    StPipeline,
+    read_st_pipeline,
+)
 
 __all__ = ["DenseLayer", "ModelCard", "Pooling", "read_card"]
 
@@ -60,6 +66,8 @@ class ModelCard:
     task: str = "embed"
     labels: list[str] = field(default_factory=list)
     activation: str = ""  # a scorer's: what the ingress applies to its logits unless raw
+    # task "sparse": a SPLADE model (sparse.py), ``dims`` its vocabulary, pooling "splade".
+    splade: Splade | None = None
 
 
 def default_model_path() -> Path:
@@ -160,6 +168,11 @@ def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCar
     if head is not None:
         # Its head reads the first token's state (BERT's [CLS], RoBERTa's <s>).
         pooling, st.dense = "cls", head.layers
+    if st.splade is not None and family != "bert":
+        raise ValueError(
+            f"sparse (SPLADE) models are served in the BERT family (BertForMaskedLM's head); "
+            f"this one is {family!r}"
+        )
     tokenizer_path = model_dir / "tokenizer.json"
     if not tokenizer_path.is_file():
         raise FileNotFoundError(f"no tokenizer.json in {model_dir}")
@@ -180,9 +193,12 @@ def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCar
     return ModelCard(
         name=name,
         aliases=aliases,
-        dims=_dims(int(config["hidden_size"]), pooling, st.dense),
+        # A sparse model weighs every vocabulary entry.
+        dims=int(config["vocab_size"])
+        if st.splade
+        else _dims(int(config["hidden_size"]), pooling, st.dense),
         max_input_tokens=_max_input_tokens(model_dir, config, family),
-        pooling=pooling,
+        pooling="splade" if st.splade else pooling,
         # Normalization is a sentence-transformers module; without it the reference returns
         # raw pooled vectors, and so do we unless the request asks otherwise.
         normalize=st.normalize,
@@ -195,9 +211,10 @@ def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCar
         default_prompt_name=st.default_prompt_name,
         # Last-token pooling never reads the prompt: no need to count its tokens then.
         include_prompt=st.include_prompt or set(pooling.split("+")) == {"last"},
-        task="embed" if head is None else "score",
+        task="sparse" if st.splade else "embed" if head is None else "score",
         labels=[] if head is None else head.labels,
         activation="" if head is None else head.activation,
+        splade=st.splade,
     )
 
 

@@ -23,7 +23,7 @@ The forward is compute-bound: GEMMs are ~70 % of it, attention ~16 %.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,6 +42,7 @@ from mesh.worker.engine.models.registry import spec_for_config
 from mesh.worker.engine.outputs import finalize
 from mesh.worker.engine.pooling import pool, positions
 from mesh.worker.engine.spans import span_means
+from mesh.worker.engine.sparse import SparseHead, load_sparse_head
 
 if TYPE_CHECKING:
     from mesh.worker.engine.gpu import GpuRunner
@@ -86,6 +87,8 @@ class Engine:
     dense: torch.nn.Module | None = None
     # A cross-encoder's token type 1 as an id shift (BertEncoder.fold_pair_types); 0: none.
     pair_shift: int = 0
+    # A sparse (SPLADE) model's head: ``embed`` then returns its vocabulary weights.
+    sparse: SparseHead | None = field(default=None, kw_only=True)
     # Width of the final hidden states: what a span row (embed_with_spans) holds.
     hidden_size: int = 0
 
@@ -160,6 +163,12 @@ class Engine:
             pair_shift = fold() if fold is not None else 0
         else:
             dense = load_dense(model_dir, card.dense, device)
+        if card.task == "sparse":  # eager on CUDA too: sparse.py says why
+            backend = attention or _eager_backend(model, card, device)
+            budget = max_batch_tokens or default_max_batch_tokens(device.type, graph_max_tokens)
+            head = load_sparse_head(model_dir, card, model, device)
+            return cls(card, model, device, model.dtype, budget, backend, kernels=kernels,
+                       sparse=head)  # fmt: skip
         budget = max_batch_tokens or default_max_batch_tokens(device.type, graph_max_tokens)
         hidden_size = int(read_config(model_dir)["hidden_size"])
         if device.type != "cuda" or attention is not None:
@@ -277,7 +286,10 @@ class Engine:
             skip_t = None if skip is None else torch.from_numpy(skip).to(self.device)
             self.attention.plan(cu, self.card.causal)
             hidden = self.model(ids_t, positions(cu, ids_t.shape[0]), self.attention)
-            pooled = pool(hidden, cu, self.card.pooling, skip_t)
+            if self.sparse is not None:  # SPLADE weights [n, vocab]: no pooling, no Dense
+                pooled = self.sparse(hidden, cu)
+            else:
+                pooled = pool(hidden, cu, self.card.pooling, skip_t)
             pooled = pooled if self.dense is None else self.dense(pooled)
             return pooled, hidden if keep_hidden else None
 
@@ -289,13 +301,15 @@ class Engine:
         normalize: bool | None = None,
         kind: str = "float32",
         skip: np.ndarray | None = None,
+        top_k: int = 0,
+        threshold: float = 0.0,
     ) -> np.ndarray:
-        """``embed`` then ``finalize``; ``normalize`` None follows the card."""
+        """``embed`` then ``finalize``; ``normalize`` None follows the card; ``top_k`` and
+        ``threshold`` for the kind "sparse" of a sparse model."""
         pooled = self.embed(ids, offsets, skip)
+        normalize = self.card.normalize if normalize is None else normalize
         with torch.inference_mode():
-            return finalize(
-                pooled, dims, self.card.normalize if normalize is None else normalize, kind
-            )
+            return finalize(pooled, dims, normalize, kind, top_k, threshold)
 
     def _validate(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         if ids.ndim != 1 or offsets.ndim != 1 or offsets.shape[0] < 1:
@@ -345,6 +359,18 @@ class Engine:
         if skip.size and (skip.min() < 0 or (skip >= lengths).any()):
             raise ValueError("skip must leave at least one token of each sequence")
         return skip.astype(np.int64) if skip.any() else None
+
+
+def _eager_backend(
+    model: torch.nn.Module, card: ModelCard, device: torch.device
+) -> AttentionBackend:
+    """The attention of a model run eagerly: SDPA on CPU, FlashInfer (or varlen) on CUDA."""
+    if device.type != "cuda":
+        return cpu_backend()
+    from mesh.worker.engine.flashinfer_attention import cuda_backend
+    from mesh.worker.engine.gpu import model_heads
+
+    return cuda_backend(model_heads(model), model.dtype, device, card.max_input_tokens)
 
 
 def choose_kernels(

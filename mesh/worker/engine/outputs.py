@@ -7,8 +7,10 @@ from typing import Literal
 import numpy as np
 import torch
 
-OutputKind = Literal["float32", "float16", "int8", "binary"]
-OUTPUT_KINDS: tuple[str, ...] = ("float32", "float16", "int8", "binary")
+from mesh.worker.engine.sparse import sparse_rows
+
+OutputKind = Literal["float32", "float16", "int8", "binary", "sparse"]
+OUTPUT_KINDS: tuple[str, ...] = ("float32", "float16", "int8", "binary", "sparse")
 
 # Big-endian bit weights, so that bit 0 of a vector lands in the MSB of byte 0, as
 # numpy.packbits does by default.
@@ -16,15 +18,25 @@ _BIT_WEIGHTS = (1 << torch.arange(7, -1, -1)).to(torch.uint8)
 
 
 def finalize(
-    pooled: torch.Tensor, dims: int | None, normalize: bool, kind: str = "float32"
+    pooled: torch.Tensor,
+    dims: int | None,
+    normalize: bool,
+    kind: str = "float32",
+    top_k: int = 0,
+    threshold: float = 0.0,
 ) -> np.ndarray:
     """Turn ``pooled: float32 [n, D]`` into the array that goes on the wire (on the host);
     see :func:`finalize_tensor` for the math. Synchronizes with the device."""
-    return finalize_tensor(pooled, dims, normalize, kind).cpu().numpy()
+    return finalize_tensor(pooled, dims, normalize, kind, top_k, threshold).cpu().numpy()
 
 
 def finalize_tensor(
-    pooled: torch.Tensor, dims: int | None, normalize: bool, kind: str = "float32"
+    pooled: torch.Tensor,
+    dims: int | None,
+    normalize: bool,
+    kind: str = "float32",
+    top_k: int = 0,
+    threshold: float = 0.0,
 ) -> torch.Tensor:
     """What :func:`finalize` returns, as a contiguous tensor on ``pooled``'s device: the
     worker's pipeline launches this, then copies it to pinned host memory asynchronously.
@@ -45,6 +57,8 @@ def finalize_tensor(
        - ``binary``: one bit per component, 1 where ``x > 0``, packed 8 to a byte with the
          first component in the most significant bit (``numpy.packbits`` default), the last
          byte zero-padded: ``uint8 [n, ceil(d / 8)]``. Compare with Hamming distance.
+       - ``sparse``: a sparse model's vocabulary weights, neither cut nor normalized: the
+         ``top_k`` largest over ``threshold`` as (id, weight) rows (:func:`.sparse.sparse_rows`).
 
     The math runs in torch on ``pooled``'s device, without any host synchronization.
     """
@@ -55,6 +69,8 @@ def finalize_tensor(
         raise ValueError(f"dims must be in 1..{full}, got {dims}")
     if kind not in OUTPUT_KINDS:
         raise ValueError(f"unknown output kind {kind!r}; one of {OUTPUT_KINDS}")
+    if kind == "sparse":
+        return sparse_rows(pooled, top_k, threshold)
     x = pooled[:, : dims or full].float()
     if normalize:
         x = torch.nn.functional.normalize(x, p=2.0, dim=1)

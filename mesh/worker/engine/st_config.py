@@ -8,6 +8,10 @@ the ``pooling_mode_*`` flags of older releases and the ``pooling_mode`` names of
 Anything else (another module, a Dense that reads token embeddings, an activation we do not
 build) raises ValueError naming it: never a different vector. ``include_prompt: false`` is
 served: the ingress counts the prompt's tokens and the engine leaves them out of the pooling.
+
+Sparse (SPLADE) models: ``MLMTransformer`` (or a ``Transformer`` whose ``transformer_task`` is
+``fill-mask``, as sentence-transformers 5.4+ saves it) then ``SpladePooling`` and nothing else
+(:mod:`.sparse` serves them); either module without the other is refused.
 """
 
 from __future__ import annotations
@@ -38,7 +42,11 @@ _POOLING_NAMES: dict[str, Pooling] = {
     "weightedmean": "weightedmean",
     "lasttoken": "last",
 }
-_SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+_SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "MLMTransformer",
+                      "SpladePooling")  # fmt: skip
+# SpladePooling's options served: its pooling over tokens and its activation before log1p.
+SPLADE_STRATEGIES = ("max", "sum")
+SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
 # Dense activations served: torch.nn classes built with their defaults, as sentence-transformers
 # builds them from the saved class path (``torch.nn.modules.activation.Tanh``).
 DENSE_ACTIVATIONS = ("Identity", "Tanh", "ReLU", "GELU", "Sigmoid", "SiLU")
@@ -57,6 +65,15 @@ class DenseLayer:
     residual: bool = False
 
 
+@dataclass(frozen=True)
+class Splade:
+    """A ``SpladePooling`` module: per token ``log1p(relu(logits))`` (``log1p_relu``: log1p once
+    more), then the ``max`` (or ``sum``) over the sequence's tokens."""
+
+    strategy: str = "max"  # one of SPLADE_STRATEGIES
+    activation: str = "relu"  # one of SPLADE_ACTIVATIONS
+
+
 @dataclass
 class StPipeline:
     """What the sentence-transformers files say; empty for a plain transformers directory."""
@@ -70,6 +87,7 @@ class StPipeline:
     normalize: bool = False
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    splade: Splade | None = None  # a sparse model's pooling; None for every other model
 
 
 def _read_json(path: Path) -> Any:
@@ -97,7 +115,32 @@ def read_st_pipeline(model_dir: Path) -> StPipeline:
         out.include_prompt = cfg.get("include_prompt", True) is not False
     out.dense = [_dense(model_dir, p) for p, n in zip(paths, names, strict=True) if n == "Dense"]
     out.prompts, out.default_prompt_name = _prompts(model_dir)
+    out.splade = _splade(model_dir, names, paths)
     return out
+
+
+def _splade(model_dir: Path, names: list[str], paths: list[str]) -> Splade | None:
+    st_cfg = _read_json(model_dir / "sentence_bert_config.json") or {}
+    mlm = "MLMTransformer" in names or st_cfg.get("transformer_task") == "fill-mask"
+    if not mlm and "SpladePooling" not in names:
+        return None
+    if names not in (["MLMTransformer", "SpladePooling"], ["Transformer", "SpladePooling"]):
+        raise ValueError(
+            f"a sparse model must be MLMTransformer then SpladePooling and nothing else; got "
+            f"{names} (served: SPLADE with its masked-LM head)"
+        )
+    if not mlm:
+        raise ValueError("SpladePooling after a Transformer that is not fill-mask is not served")
+    cfg = _read_json(model_dir / paths[1] / "config.json") or {}
+    splade = Splade(
+        str(cfg.get("pooling_strategy", "max")), str(cfg.get("activation_function", "relu"))
+    )
+    if splade.strategy not in SPLADE_STRATEGIES or splade.activation not in SPLADE_ACTIVATIONS:
+        raise ValueError(
+            f"SpladePooling {splade} is not served (pooling_strategy: "
+            f"{', '.join(SPLADE_STRATEGIES)}; activation_function: {', '.join(SPLADE_ACTIVATIONS)})"
+        )
+    return splade
 
 
 def _check_order(names: list[str]) -> None:

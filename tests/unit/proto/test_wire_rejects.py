@@ -328,10 +328,16 @@ def test_negative_token_id_is_refused_with_the_cid():
         OutputOptions(kind="ubinary"),
         OutputOptions(dims=0),
         OutputOptions(dims=limits.MAX_DIMS + 1),
+        OutputOptions(kind="sparse"),  # no top_k
+        OutputOptions(kind="sparse", top_k=limits.MAX_SPARSE_TOP_K + 1),
+        OutputOptions(top_k=8),  # top_k of a dense kind
+        OutputOptions(kind="sparse", top_k=8, threshold=float("nan")),
+        OutputOptions(kind="sparse", top_k=8, threshold=-1.0),
+        OutputOptions(threshold=0.5),
     ],
 )
 def test_bad_output_options_are_refused_with_the_cid(output):
-    assert refused(frames_of(submit(output=output)), "output kind|dims").cid == CID
+    assert refused(frames_of(submit(output=output)), "output kind|dims|top_k|threshold").cid == CID
 
 
 @pytest.mark.parametrize(("field", "value"), [("lane", 2), ("timeout_ms", 0), ("timeout_ms", -5)])

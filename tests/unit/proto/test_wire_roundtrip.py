@@ -123,7 +123,13 @@ options = st.builds(
     OutputOptions,
     dims=st.none() | st.integers(1, 4096),
     normalize=st.booleans(),
-    kind=st.sampled_from(sorted(OUTPUT_KINDS)),
+    kind=st.sampled_from(sorted(k for k in OUTPUT_KINDS if k != "sparse")),
+) | st.builds(
+    OutputOptions,
+    normalize=st.just(False),
+    kind=st.just("sparse"),
+    top_k=st.integers(1, 4096),
+    threshold=st.floats(0.0, 100.0),
 )
 
 

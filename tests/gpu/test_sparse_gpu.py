@@ -1,0 +1,74 @@
+"""A sparse (SPLADE) model on CUDA in bf16 (eager, FlashInfer attention, the MLM head in bf16,
+pooling in fp32) against transformers' ``BertForMaskedLM`` in fp32 on the GPU: the weights of
+each text close to the fp32 ones (cosine >= 0.999, the same large entries), and the top-k rows
+(on the device) keep what fp32 keeps, but for ties within bf16's rounding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mesh.worker.engine.engine import Engine
+from tests.st_models import build_splade
+
+TEXTS = [
+    "what does a sparse lexical model expand a query into",
+    "CUDA graphs replay a captured sequence of kernels with one launch.",
+    "a",
+    "SPLADE weighs every vocabulary entry; " * 12,
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # head_dim 64: FlashInfer's fa2 tiling.
+    return build_splade(tmp_path_factory.mktemp("gpu-splade") / "splade", hidden=128, heads=2)
+
+
+def _packed(engine: Engine) -> tuple[np.ndarray, np.ndarray]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(engine.card.tokenizer_json.decode())
+    tok.no_padding()
+    ids = [e.ids for e in tok.encode_batch(TEXTS)]
+    offsets = np.cumsum([0] + [len(i) for i in ids]).astype(np.int32)
+    return np.concatenate(ids).astype(np.int32), offsets
+
+
+def _reference(model_dir: Path, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    import transformers
+
+    mlm = transformers.BertForMaskedLM.from_pretrained(model_dir, dtype=torch.float32)
+    mlm = mlm.to("cuda").eval()
+    rows = []
+    for i in range(len(offsets) - 1):
+        seq = torch.from_numpy(ids[offsets[i] : offsets[i + 1]].astype(np.int64))[None].cuda()
+        with torch.no_grad():
+            logits = mlm(input_ids=seq).logits[0]
+        rows.append(torch.log1p(torch.relu(logits)).amax(dim=0).cpu().numpy())
+    return np.stack(rows)
+
+
+def test_bf16_sparse_weights_match_fp32_masked_lm_on_the_gpu(model_dir: Path) -> None:
+    engine = Engine.load(model_dir, device="cuda")
+    assert engine.dtype == torch.bfloat16 and engine.runner is None  # eager, by design
+    ids, offsets = _packed(engine)
+    ours = engine.embed(ids, offsets).cpu().numpy()
+    ref = _reference(model_dir, ids, offsets)
+    for got, want in zip(ours, ref, strict=True):
+        cos = got @ want / (np.linalg.norm(got) * np.linalg.norm(want))
+        assert cos >= 0.999, cos
+        big = want > 0.25 * want.max()
+        np.testing.assert_allclose(got[big], want[big], rtol=0.05)
+    k = 32
+    rows = engine.embed_final(ids, offsets, kind="sparse", top_k=k)
+    for row, want in zip(rows, ref, strict=True):
+        kept = row[k:] > 0
+        got_ids = row[:k][kept].astype(np.int64)
+        assert np.all(np.diff(got_ids) > 0)
+        top = np.argsort(want)[::-1][:k]
+        # A swap at the k-th place is bf16 rounding; the top half must agree exactly.
+        assert set(top[: k // 2]) <= set(got_ids.tolist())
