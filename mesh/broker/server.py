@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -388,6 +389,8 @@ class Broker:
             return  # a duplicate, or a batch already taken back: harmless
         worker.free += 1
         worker.progress_at = now  # a result is progress, before the next heartbeat says so
+        if not 0.0 <= msg.compute_ms < math.inf:  # NaN too: peer input, sent on to clients
+            msg.compute_ms = 0.0  # unknown; a NaN would 500 the ingress's timing headers
         worker.note_compute(batch.tokens, msg.compute_ms)
         try:
             chunks = result_chunks(

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from proto_msgs import BatchAssign
+from proto_msgs import BatchAssign, RequestResult
 from tests.unit.broker.fakes import Harness, answer, submit
 
 
@@ -25,3 +25,18 @@ def test_a_nonsense_compute_time_neither_poisons_the_rate_nor_stops_dispatch(com
     h.submit(submit(2, [4]))
     assert len(h.back.take(BatchAssign)) == 1, "the model's next request must be dispatched"
     assert h.broker.handler_errors == 0
+
+
+@pytest.mark.parametrize("compute_ms", [float("nan"), float("inf"), -5.0])
+def test_a_nonsense_compute_time_reaches_clients_as_unknown(compute_ms):
+    h = Harness()
+    h.add_worker(b"w1")
+    h.submit(submit(1, [4]))
+    [(_, batch)] = h.back.take(BatchAssign)
+    result = answer(batch)
+    result.compute_ms = compute_ms
+    h.back.push(b"w1", result)
+    h.pump()
+    [(_, chunk)] = h.front.take(RequestResult)
+    # The ingress turns it into x-inference-time with int(): NaN or inf would be a 500 there.
+    assert chunk.compute_ms == 0.0
