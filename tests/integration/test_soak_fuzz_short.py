@@ -19,7 +19,7 @@ FUZZ_FRAMES = 20_000
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """Both at once (about 40 s on two cores): the fuzz's own mesh and the soak's side by side."""
+    """Both at once (about 50 s on two shared cores): the fuzz's own mesh beside the soak's."""
     tmp = tmp_path_factory.mktemp("soak-fuzz")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     commands = {
