@@ -322,3 +322,17 @@ def test_a_second_ready_claiming_a_known_digest_must_send_the_same_tokenizer():
 def test_options_that_would_starve_bulk_work_are_refused():
     with pytest.raises(ValueError):
         BrokerOptions(live_bulk_batches=0)
+
+
+def test_a_peer_repeating_a_refused_ready_is_warned_about_once(caplog):
+    import logging
+
+    h = Harness()
+    h.add_worker(b"w1")
+    conflicting = ready(card(dims=4), name="bad")
+    with caplog.at_level(logging.DEBUG, logger="embedmesh.broker"):
+        for _ in range(50):
+            h.add_worker(b"bad", conflicting)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert h.broker.refused_workers == 50
+    assert len(warnings) == 1 and "refusing worker bad" in warnings[0].getMessage()
