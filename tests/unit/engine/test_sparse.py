@@ -147,3 +147,18 @@ def test_a_sparse_layout_with_other_modules_is_refused_by_name(
     cfg.write_text(json.dumps({"pooling_strategy": "mean", "activation_function": "relu"}))
     with pytest.raises(ValueError, match="pooling_strategy"):
         read_card(bad)
+
+
+def test_sum_pooling_and_log1p_relu_equal_sparse_encoder(splade_dir: Path, tmp_path: Path) -> None:
+    from sentence_transformers import SparseEncoder
+
+    other = tmp_path / "sum-log1p"
+    shutil.copytree(splade_dir, other)
+    cfg = {"pooling_strategy": "sum", "activation_function": "log1p_relu"}
+    (other / "1_SpladePooling" / "config.json").write_text(json.dumps(cfg))
+    engine = Engine.load(other, threads=2)
+    assert engine.card.splade is not None and engine.card.splade.strategy == "sum"
+    ids, offsets = _packed(engine, TEXTS)
+    ours = engine.embed(ids, offsets).numpy()
+    ref = SparseEncoder(str(other), device="cpu").encode(TEXTS, convert_to_tensor=True)
+    np.testing.assert_allclose(ours, ref.to_dense().numpy(), rtol=1e-4, atol=1e-5)
