@@ -24,17 +24,29 @@ from proto_msgs import BrokerStats, Lane
 _SCAN_CHARS = 32 * 1024
 
 
-def text_floor(texts: Sequence[str], chosen: int | None) -> tuple[Lane, int]:
+def text_floor(
+    inputs: Sequence[str | tuple[str, str]], chosen: int | None, max_tokens: int | None = None
+) -> tuple[Lane, int]:
     """A lower bound of a text request's tokens before tokenizing it, and the lane it will
     surely wait in at least as long as: the chosen one, BATCH when the bound passes
-    INTERACTIVE_MAX_TOKENS, else INTERACTIVE (whose backlog is the smaller)."""
+    INTERACTIVE_MAX_TOKENS, else INTERACTIVE (whose backlog is the smaller).
+
+    ``inputs``: texts, or (query, passage) pairs, whose words are counted without joining
+    them. ``max_tokens``: the model's limit; an input counts for at most that many (with
+    truncation a long text costs no more; without it the broker never sees it)."""
     words, left = 0, _SCAN_CHARS
-    for text in texts:
-        words += max(1, len(text[:left].split()))  # every input is at least one token
-        left -= min(left, len(text))
+    cap = max_tokens if max_tokens and max_tokens > 0 else None
+    for item in inputs:
+        parts = (item,) if isinstance(item, str) else item
+        count = 0
+        for part in parts:
+            count += len(part[:left].split())
+            left -= min(left, len(part))
+        count = max(1, count)  # every input is at least one token
+        words += min(count, cap) if cap else count
         if left == 0:
             break
-    words = max(words, len(texts))
+    words = max(words, len(inputs))
     if chosen is not None:
         return lane_for(0, chosen), words
     return (Lane.BATCH if words > INTERACTIVE_MAX_TOKENS else Lane.INTERACTIVE), words

@@ -31,9 +31,11 @@ from mesh.client.connection import BrokerConnection, EmbedResult
 from mesh.client.models import ModelBook
 from mesh.client.pairs import ScoreInput, encode_pooled
 from mesh.client.request import (
+    CHARS_PER_TOKEN_GUESS,
     ValidRequest,
     check_task,
     guess_lane,
+    lane_for,
     output_options,
     prompt_skip,
     prompt_text,
@@ -207,7 +209,7 @@ class MeshClient:
         prompt = prompt_text(info, prompt_name)
         if prompt:
             texts = [prompt + t for t in texts]
-        self._check_backlog(info, *text_floor(texts, lane))
+        self._check_backlog(info, *text_floor(texts, lane, info.max_input_tokens))
         tok = await self.tokenizer(info)
         ids, lengths = await self.tokenizers.encode(tok, texts, truncate, guess_lane(texts, lane))
         if prompt and not info.include_prompt:
@@ -256,10 +258,12 @@ class MeshClient:
             raise InvalidInput("no input given", param="input")
         info = self.resolve(model)
         check_task(info, "score")
-        flat = [x if isinstance(x, str) else x[0] + x[1] for x in inputs]  # sizes only
-        self._check_backlog(info, *text_floor(flat, lane))
+        # Sizes only, never the pairs joined: /rerank repeats one query for every text, and
+        # joining a 1 MB query to 2048 texts took 5 s of the loop and 2 GB.
+        self._check_backlog(info, *text_floor(inputs, lane, info.max_input_tokens))
         tok = await self.tokenizer(info)
-        priority = guess_lane(flat, lane)
+        chars = sum(min(_chars(x), 2 * tok.cut_chars) for x in inputs)
+        priority = lane_for(chars // CHARS_PER_TOKEN_GUESS, lane)
         ids, lengths, starts = await encode_pooled(
             self.tokenizers, tok, inputs, truncate, left, priority
         )
@@ -388,6 +392,10 @@ class MeshClient:
         if not live:
             raise Unavailable(f"no live broker has a worker for {model!r}")
         return min(live, key=lambda b: b.outstanding_tokens)
+
+
+def _chars(item: ScoreInput) -> int:
+    return len(item) if isinstance(item, str) else len(item[0]) + len(item[1])
 
 
 def _expire(future: asyncio.Future[EmbedResult], timeout_s: float) -> None:

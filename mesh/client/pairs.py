@@ -31,7 +31,13 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from mesh.client.request import over_limit_message
-from mesh.client.tokenize import GROWTH, INLINE_MAX_CHARS, ModelTokenizer, TokenizerPool, chunks
+from mesh.client.tokenize import (
+    GROWTH,
+    INLINE_MAX_CHARS,
+    ModelTokenizer,
+    TokenizerPool,
+    chunk_sizes,
+)
 from mesh.errors import InvalidInput
 from proto_msgs import Lane
 
@@ -201,12 +207,18 @@ async def encode_pooled(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """:func:`encode_inputs` as the client tokenizes texts: a short live request inline, the
     rest in chunks on the tokenizer threads at ``priority`` (live work first)."""
-    sizes = [x if isinstance(x, str) else x[0] + x[1] for x in inputs]
-    if priority == Lane.INTERACTIVE and sum(map(len, sizes)) <= INLINE_MAX_CHARS:
+    # Lengths, never the pairs joined (one 1 MB query repeated for 2048 texts is 2 GB): each
+    # text counts up to its cut, as chunks() counts single texts.
+    cut = tok.cut_chars
+    sizes = [
+        min(len(x), cut) if isinstance(x, str) else min(len(x[0]), cut) + min(len(x[1]), cut)
+        for x in inputs
+    ]
+    if priority == Lane.INTERACTIVE and sum(sizes) <= INLINE_MAX_CHARS:
         return encode_inputs(tok, inputs, truncate, left)
     jobs = [
         pool.run(priority, encode_inputs, tok, inputs[a:b], truncate, left, a)
-        for a, b in chunks(sizes, tok.cut_chars)
+        for a, b in chunk_sizes(sizes)
     ]
     try:
         parts = await asyncio.gather(*jobs)

@@ -153,15 +153,19 @@ def _settled(enc: Encoding) -> bool:
 def chunks(texts: list[str], cut_chars: int) -> Iterator[tuple[int, int]]:
     """(start, end) spans of ``texts``: at most CHUNK_TEXTS texts or CHUNK_CHARS characters
     (each text counted up to its cut) per span, at least one text."""
+    return chunk_sizes([min(len(text), cut_chars) for text in texts])
+
+
+def chunk_sizes(sizes: list[int]) -> Iterator[tuple[int, int]]:
+    """:func:`chunks` over inputs given by their sizes in characters (already cut)."""
     start, chars = 0, 0
-    for i, text in enumerate(texts):
-        size = min(len(text), cut_chars)
+    for i, size in enumerate(sizes):
         if i > start and (i - start >= CHUNK_TEXTS or chars + size > CHUNK_CHARS):
             yield start, i
             start, chars = i, 0
         chars += size
-    if start < len(texts):
-        yield start, len(texts)
+    if start < len(sizes):
+        yield start, len(sizes)
 
 
 def _chars_within(texts: list[str], limit: int) -> bool:

@@ -44,3 +44,26 @@ def test_a_request_is_refused_early_only_when_at_every_serving_broker_it_would_e
     check_backlog([slow, None], "m", Lane.BATCH, 30_000, 120.0)
     check_backlog([_stats(0.0, 0.0)], "m", Lane.BATCH, 10**9, 120.0)
     check_backlog([], "m", Lane.BATCH, 30_000, 120.0)
+
+
+def test_the_floor_caps_each_input_at_the_model_limit():
+    # One auto-truncated 32 KB text is at most 512 tokens, not 5,000 words: a live query.
+    assert text_floor(["w " * 5000], None, max_tokens=512) == (Lane.INTERACTIVE, 512)
+    lane, words = text_floor(["w " * 5000] * 3, None, max_tokens=512)
+    assert lane == Lane.BATCH and words == 1536
+
+
+def test_pairs_are_counted_without_joining_them():
+    import tracemalloc
+
+    query = "q " * 500_000  # 1 MB, repeated for every passage as /rerank does
+    pairs = [(query, "a passage of words") for _ in range(2048)]
+    tracemalloc.start()
+    try:
+        lane, words = text_floor(pairs, None, max_tokens=512)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert lane == Lane.BATCH and words > INTERACTIVE_MAX_TOKENS
+    assert peak < 8 << 20, f"sizing 2048 pairs of a 1 MB query allocated {peak} bytes"
+    assert text_floor([("one two", "three")], None) == (Lane.INTERACTIVE, 3)

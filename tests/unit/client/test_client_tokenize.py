@@ -206,3 +206,10 @@ async def test_a_short_query_is_tokenized_at_once_even_when_every_thread_is_busy
     finally:
         gate.set()
         pool.close()
+
+
+def test_chunks_by_size_equal_chunks_by_text():
+    from mesh.client.tokenize import chunk_sizes, chunks
+
+    texts = ["x" * n for n in (5, 50_000, 3, 70_000, 1, 1, 1) * 20]
+    assert list(chunks(texts, 60_000)) == list(chunk_sizes([min(len(t), 60_000) for t in texts]))
