@@ -192,6 +192,15 @@ async def _front_door(
         )
     if inputs.texts is not None:
         prompt = prompt_text(info, req.prompt_name)
+        if prompt and not info.include_prompt:
+            # The pooling leaves the prompt's tokens out, counted once per request
+            # (OutputOptions.pool_skip); cut from the left, each text loses a different part
+            # of its prompt, which that count cannot say: refuse rather than pool the prompt.
+            raise InvalidInput(
+                f"truncation_direction Left with a prompt is not served for model {info.name!r},"
+                " whose pooling leaves the prompt out; use Right, or no prompt",
+                param="truncation_direction",
+            )
         texts = [prompt + text for text in inputs.texts] if prompt else inputs.texts
         tok = await client.tokenizer(info)
         ids, offsets = await off_loop(

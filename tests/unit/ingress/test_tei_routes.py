@@ -231,3 +231,23 @@ def test_the_ingress_starts_from_a_checkout_without_an_installed_distribution(mo
 
     monkeypatch.setattr(importlib.metadata, "version", missing)
     assert tei._version() == "unknown (not installed)"
+
+
+async def test_left_truncation_with_a_prompt_the_pooling_leaves_out_is_refused(fake) -> None:
+    import dataclasses
+
+    prompted = dataclasses.replace(
+        MODEL, prompts={"query": "query: "}, default_prompt_name="query", include_prompt=False
+    )
+    fake._served = lambda: [prompted]  # type: ignore[method-assign]
+    http = await serve(fake)
+    try:
+        body = {"inputs": "a text", "truncate": True, "truncation_direction": "Left"}
+        resp = await http.post("/embed", json=body)
+        assert resp.status == 422
+        doc = await resp.json()
+        assert doc["error_type"] == "Validation" and "Left" in doc["error"]
+        body["truncation_direction"] = "Right"
+        assert (await http.post("/embed", json=body)).status == 200
+    finally:
+        await http.close()
