@@ -51,6 +51,12 @@ OUTPUT_KINDS: dict[str, str] = {
 ROW_KINDS: tuple[str, ...] = ("sequence", "spans")
 
 
+# What a model does (ModelInfo.task), and what turns a scorer's logits into scores
+# (ModelInfo.activation): declared once here, where the wire is.
+TASKS: tuple[str, ...] = ("embed", "score", "sparse")
+ACTIVATIONS: tuple[str, ...] = ("sigmoid", "softmax", "identity", "tanh")
+
+
 class Lane(IntEnum):
     """Priority lanes of every queue on the path (plain ints on the wire): live queries go
     INTERACTIVE, bulk work BATCH. Declared once; the broker queue and the ingress import it."""
@@ -131,6 +137,24 @@ class ModelInfo:
     # True when sentence-transformers Dense layers follow the pooling: span rows skip them
     # (they are means of hidden states), so they are not the model's embedding space.
     has_dense: bool = False
+
+    def check(self, where: str) -> None:
+        """What a peer's card must hold for the ingress to use it without failing later: a
+        task it knows, a scorer's labels one per logit and an activation it can apply, a
+        default prompt among the prompts (else every request would fail, blamed on the
+        client)."""
+        if self.task not in TASKS:
+            raise ProtocolError(f"{where}: unknown task {self.task!r}")
+        # A sparse model's width is its vocabulary (bge-m3: 250,002), past MAX_DIMS.
+        wide = self.task == "sparse"
+        if self.dims < 1 or (self.dims > limits.MAX_DIMS and not wide) or self.max_input_tokens < 1:
+            raise ProtocolError(f"{where}: dims or max_input_tokens out of range")
+        if self.task == "score" and (
+            len(self.labels) != self.dims or self.activation not in ACTIVATIONS
+        ):
+            raise ProtocolError(f"{where}: a scorer needs a label per logit and an activation")
+        if self.default_prompt_name is not None and self.default_prompt_name not in self.prompts:
+            raise ProtocolError(f"{where}: default_prompt_name is not one of its prompts")
 
 
 @dataclass
@@ -411,6 +435,7 @@ class WorkerReady(Message):
         # worker must not be able to make itself immortal.
         if not 1 <= self.heartbeat_ms <= 60_000:
             raise ProtocolError("WorkerReady: heartbeat_ms out of 1..60000")
+        self.model.check("WorkerReady.model")
 
 
 @register

@@ -1,0 +1,46 @@
+"""A worker's card is checked on arrival: the ingress relies on what it says."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from proto_msgs import ModelInfo, ProtocolError, WorkerReady, decode, encode
+
+CARD = ModelInfo(
+    name="m", aliases=[], dims=2, max_input_tokens=16, vocab_size=100, pooling="cls",
+    normalize=False, tokenizer_digest="d", task="score", labels=["no", "yes"],
+    activation="softmax",
+)  # fmt: skip
+
+
+def _ready(card: ModelInfo) -> WorkerReady:
+    return WorkerReady("w", card, b"{}", 64, 8, 2, 1000, "cpu")
+
+
+def test_a_sound_card_decodes():
+    assert decode(encode(_ready(CARD))).model == CARD
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"task": "translate"},
+        {"labels": ["only one"]},  # /predict would index past it: a 500 for every request
+        {"activation": "bogus"},  # every score request would fail
+        {"prompts": {"q": "query: "}, "default_prompt_name": "passage"},
+        {"dims": 0},
+        {"max_input_tokens": 0},
+    ],
+)
+def test_a_card_the_ingress_could_not_use_is_refused_on_arrival(change):
+    with pytest.raises(ProtocolError):
+        decode(encode(_ready(dataclasses.replace(CARD, **change))))
+
+
+def test_a_sparse_card_may_be_as_wide_as_its_vocabulary():
+    sparse = dataclasses.replace(
+        CARD, task="sparse", dims=250_002, vocab_size=250_002, labels=[], activation=""
+    )
+    assert decode(encode(_ready(sparse))).model.dims == 250_002
