@@ -29,7 +29,8 @@ Routes: ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /v1/models/{model}``,
 (``mesh.ingress.rerank``): TEI's ``POST /rerank`` and ``/predict``, ``POST /v1/rerank`` (and
 ``/v2/rerank``). With an API key set, ``/v1/*``, ``/v2/*`` and TEI's routes need
 ``Authorization: Bearer KEY`` (``/info`` too, as TEI); ``/health``, ``GET /`` and ``/metrics``
-stay open. Errors: ``mesh.ingress.http_errors``.
+stay open, as do ``GET /openapi.json`` and ``GET /docs`` (``mesh.ingress.docs_page``).
+Errors: ``mesh.ingress.http_errors``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from aiohttp import web
 from mesh.client import MeshClient, ValidRequest
 from mesh.client.request import INTERACTIVE_MAX_TOKENS
 from mesh.errors import MeshError
-from mesh.ingress import contextualized, multivector, rerank, sparse, tei
+from mesh.ingress import contextualized, docs_page, multivector, rerank, sparse, tei
 from mesh.ingress.catalog import Catalog
 from mesh.ingress.config import IngressConfig
 from mesh.ingress.encodings import ENCODINGS, render_embeddings_sliced
@@ -109,6 +110,7 @@ def create_app(cfg: IngressConfig, client: MeshClient | None = None) -> web.Appl
     sparse.add_routes(app)  # TEI's /embed_sparse
     contextualized.add_routes(app)  # Perplexity's /v1/contextualizedembeddings
     multivector.add_routes(app)  # TEI's /embed_all
+    docs_page.add_routes(app, cfg)  # /openapi.json and /docs, open as /health
     app.cleanup_ctx.append(_client_lifetime)
     return app
 

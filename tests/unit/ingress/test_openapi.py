@@ -1,0 +1,190 @@
+"""The OpenAPI description against the app that serves it: every served route described and every
+described route served, a valid OpenAPI 3.0 document, error families and the API key as the
+app applies them, and ``/docs`` with its assets served from the installed package (no network)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.strategies import SearchStrategy
+from openapi_schema_validator import OAS30Validator
+from openapi_spec_validator import validate
+
+from mesh.ingress.app import create_app
+from mesh.ingress.config import IngressConfig
+from mesh.ingress.docs_page import ASSETS
+from mesh.ingress.http_errors import TEI
+from mesh.ingress.openapi import OPERATIONS, Operation, document
+from tests.unit.ingress.test_ingress_app import FakeClient, serve
+
+KEY = "k"
+# A concrete path for each templated one, to call it.
+EXAMPLE_PATHS = {"/v1/models/{model}": "/v1/models/tiny", "/docs/static/{name}":
+                 "/docs/static/swagger-ui.css"}  # fmt: skip
+
+
+def served_routes(app: web.Application) -> dict[tuple[str, str], str | None]:
+    """(method, path template) → route name of what the router really serves. HEAD is left
+    out: aiohttp adds it beside every GET."""
+    routes = {}
+    for route in app.router.routes():
+        if route.method == "HEAD":
+            continue
+        # DynamicResource's canonical drops the regex: "/v1/models/{model:.+}" → "{model}".
+        path = re.sub(r"\{(\w+):[^}]*\}", r"{\1}", route.resource.canonical)
+        routes[(route.method.lower(), path)] = route.name
+    return routes
+
+
+@pytest.fixture
+def app() -> web.Application:
+    return create_app(IngressConfig(brokers=["ipc://fake"]), FakeClient())  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def keyed(fake: FakeClient) -> AsyncIterator[TestClient]:
+    client = await serve(fake, api_key=KEY)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+def fake() -> FakeClient:
+    return FakeClient()
+
+
+def test_every_served_route_is_described_and_every_described_route_served(app) -> None:
+    doc = document(IngressConfig(brokers=["ipc://fake"]))
+    described = {(method, path) for path, item in doc["paths"].items() for method in item}
+    served = set(served_routes(app))
+    assert served - described == set(), "served but not in mesh/ingress/openapi.py"
+    assert described - served == set(), "described but not served"
+
+
+@pytest.mark.parametrize("api_key", [None, KEY])
+def test_the_document_is_valid_openapi(api_key: str | None) -> None:
+    validate(document(IngressConfig(brokers=["ipc://fake"], api_key=api_key)))
+
+
+def test_error_family_follows_the_route_name_as_http_errors_does(app) -> None:
+    names = served_routes(app)
+    for op in OPERATIONS:
+        name = names[(op.method, op.path)]
+        is_tei = name is not None and name.startswith(f"{TEI}.")
+        assert (op.family == TEI) == is_tei, op.path
+
+
+def test_limits_come_from_the_settings() -> None:
+    doc = document(IngressConfig(brokers=["ipc://fake"], max_inputs=7))
+    texts = doc["components"]["schemas"]["TeiRerankRequest"]["properties"]["texts"]
+    assert texts["maxItems"] == 7
+
+
+async def test_openapi_and_docs_need_no_key_and_work_offline(keyed: TestClient) -> None:
+    resp = await keyed.get("/openapi.json")
+    assert resp.status == 200 and (await resp.json())["openapi"].startswith("3.0")
+    page = await keyed.get("/docs")
+    html = await page.text()
+    assert page.status == 200 and page.content_type == "text/html"
+    # Every asset the page loads is ours and answers; nothing points off the server.
+    linked = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert linked and all(link.startswith("docs/static/") for link in linked)
+    assert "http://" not in html and "https://" not in html
+    for link in linked:
+        asset = await keyed.get("/" + link)
+        assert asset.status == 200 and len(await asset.read()) > 0, link
+    for name, content_type in ASSETS.items():
+        asset = await keyed.get(f"/docs/static/{name}")
+        assert asset.status == 200 and asset.content_type == content_type, name
+
+
+async def test_an_asset_outside_the_list_is_404(keyed: TestClient) -> None:
+    for name in ("swagger-ui.js.map", "..%2F..%2Fapp.py", "index.html"):
+        resp = await keyed.get(f"/docs/static/{name}")
+        assert resp.status == 404
+        assert (await resp.json())["error"]["code"] == "not_found"
+
+
+async def test_the_key_guards_exactly_the_operations_the_document_says(keyed: TestClient) -> None:
+    doc = document(IngressConfig(brokers=["ipc://fake"], api_key=KEY))
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            url = EXAMPLE_PATHS.get(path, path)
+            resp = await keyed.request(method, url, json={})
+            guarded = op["security"] == [{"bearer": []}]
+            assert (resp.status == 401) == guarded, (method, path, resp.status)
+            assert ("401" in op["responses"]) == guarded, (method, path)
+
+
+def inline_refs(doc: dict, node: object) -> object:
+    """``node`` with every ``$ref`` replaced by what it points to in ``doc`` (KeyError when it
+    points nowhere): plain JSON Schema, for validators and generators that do not follow
+    OpenAPI's component references. The description has no recursive schema."""
+    if isinstance(node, list):
+        return [inline_refs(doc, item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target: object = doc
+        for part in node["$ref"].removeprefix("#/").split("/"):
+            target = target[part]  # type: ignore[index]
+        return inline_refs(doc, target)
+    return {key: inline_refs(doc, value) for key, value in node.items()}
+
+
+def test_every_reference_points_somewhere() -> None:
+    # The spec validator resolves references lazily and lets a dangling one pass.
+    doc = document(IngressConfig(brokers=["ipc://fake"], api_key=KEY))
+    inline_refs(doc, doc["paths"])
+
+
+def bodies_of(schema: dict) -> SearchStrategy[object]:
+    """Values valid under ``schema``, for the keywords the description uses."""
+    for key in ("oneOf", "anyOf"):
+        if key in schema:
+            return st.one_of([bodies_of(s) for s in schema[key]])
+    if "enum" in schema:
+        return st.sampled_from(schema["enum"])
+    kind = schema["type"]
+    low, high = schema.get("minimum"), schema.get("maximum")
+    if kind == "object":
+        props = {name: bodies_of(s) for name, s in schema["properties"].items()}
+        required = set(schema.get("required", ()))
+        return st.fixed_dictionaries(
+            {k: v for k, v in props.items() if k in required},
+            optional={k: v for k, v in props.items() if k not in required},
+        )
+    if kind == "array":
+        size = min(schema.get("maxItems", 10), 10)
+        return st.lists(bodies_of(schema["items"]), min_size=schema.get("minItems", 0),
+                        max_size=size)  # fmt: skip
+    if kind == "string":
+        return st.text(min_size=schema.get("minLength", 0), max_size=40)
+    if kind == "integer":
+        return st.integers(min_value=low, max_value=high)
+    if kind == "number":
+        return st.floats(min_value=low, max_value=high, allow_nan=False, allow_infinity=False)
+    assert kind == "boolean", schema
+    return st.booleans()
+
+
+@pytest.mark.parametrize("op", [op for op in OPERATIONS if op.body], ids=lambda op: op.path)
+def test_generated_bodies_are_valid_under_their_schema(op: Operation) -> None:
+    """The fuzz's generator (tests/e2e/test_openapi_fuzz_e2e.py) covers every keyword the
+    request schemas use and stays inside them."""
+    doc = document(IngressConfig(brokers=["ipc://fake"], max_inputs=8))
+    schema = inline_refs(doc, doc["components"]["schemas"][op.body])
+    validator = OAS30Validator(schema)
+
+    @settings(max_examples=25, deadline=None)
+    @given(bodies_of(schema))
+    def run(body: object) -> None:
+        validator.validate(body)
+
+    run()
