@@ -11,7 +11,8 @@ path, which their clients call).
   per input ``[{score, label}]`` sorted by score (softmax over labels for a classifier,
   sigmoid for a re-ranker, unless the model's CrossEncoder config names its own activation).
 - ``/v1/rerank``: ``model``, ``query``, ``documents`` (strings, or objects with ``text``),
-  ``top_n`` (all when absent), ``return_documents`` (true); answer ``{id, model, usage:
+  ``top_n`` (all when absent), ``return_documents`` (true), ``truncate`` (ours; true: long
+  documents are cut at the model's limit, as Cohere and Jina do); answer ``{id, model, usage:
   {total_tokens}, results: [{index, relevance_score, document?: {text}}]}`` sorted by score.
 
 One front door, as every route: the client resolves the model and tokenizes the pairs once
@@ -149,6 +150,9 @@ class V1RerankRequest:
     top_n: int | None = None
     return_documents: bool = True
     lane: Lane | None = None
+    # Cohere and Jina cut long documents rather than refuse the request, and their clients
+    # expect it: truncation is on unless the body says "truncate": false (our extension).
+    truncate: bool = True
 
 
 async def _rerank(request: web.Request) -> web.Response:
@@ -162,7 +166,7 @@ async def _rerank(request: web.Request) -> web.Response:
     info = state.client.resolve(req.model)
     check_reranker(info)
     pairs: list[ScoreInput] = [(req.query, doc) for doc in req.documents]
-    scored = await score(state, info, pairs, cfg.auto_truncate, False, req.lane)
+    scored = await score(state, info, pairs, req.truncate, False, req.lane)
     scores = scored.scores(raw=False)[:, 0].tolist()
     order = ranked(np.asarray(scores))[: req.top_n]
     results = [
@@ -206,12 +210,18 @@ def parse_v1_rerank_request(
             f"'return_documents' must be true or false; got {json_type(flag)}",
             "return_documents",
         )
+    truncate = doc.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise ApiError.invalid(
+            f"'truncate' must be true or false; got {json_type(truncate)}", "truncate"
+        )
     return V1RerankRequest(
         model=model,
         query=query,
         documents=_documents(doc.get("documents"), max_inputs),
         top_n=top_n,
         return_documents=flag,
+        truncate=truncate,
         # ``priority`` in the body (ours, as on /v1/embeddings), else the header.
         lane=body_or_header_lane(doc.get("priority"), priority_header),
     )

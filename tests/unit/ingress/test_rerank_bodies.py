@@ -82,6 +82,12 @@ def test_v1_rerank_takes_strings_or_text_objects_and_defaults_to_returning_docum
     assert req.lane == Lane.INTERACTIVE
 
 
+def test_v1_rerank_truncates_long_documents_unless_told_not_to() -> None:
+    body = {"model": "m", "query": "q", "documents": ["a"]}
+    assert parse_v1_rerank_request(_body(body), 16).truncate is True  # as Cohere and Jina
+    assert parse_v1_rerank_request(_body({**body, "truncate": False}), 16).truncate is False
+
+
 @pytest.mark.parametrize(
     ("changes", "status", "param"),
     [
@@ -94,6 +100,7 @@ def test_v1_rerank_takes_strings_or_text_objects_and_defaults_to_returning_docum
         ({"query": ""}, 422, "query"),
         ({"model": None}, 422, "model"),
         ({"priority": "urgent"}, 422, "priority"),
+        ({"truncate": "yes"}, 422, "truncate"),
     ],
 )
 def test_v1_rerank_mistakes_name_their_field(changes: dict, status: int, param: str) -> None:
