@@ -299,6 +299,11 @@ def _scores(max_inputs: int) -> dict[str, Schema]:
                 "documents": array({"oneOf": [STR, obj({"text": STR}, "text")]}, **many),
                 "top_n": {**INT, "minimum": 1},
                 "return_documents": FLAG_TRUE,
+                "truncate": {
+                    **FLAG_TRUE,
+                    "description": "Cut over-long documents, as Cohere and "
+                    "Jina do; false: 422 instead.",
+                },  # fmt: skip
                 "priority": PRIORITY,
             },
             "model",
