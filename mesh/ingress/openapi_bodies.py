@@ -91,15 +91,19 @@ def _errors() -> dict[str, Schema]:
         "OpenAIError": obj({"error": obj(fields, *fields)}, "error"),
         "TeiError": obj(
             {"error": STR, "error_type": {**STR, "enum": tei_types}}, "error", "error_type"
-        ),  # fmt: skip
+        ),
     }
 
 
 def _openai(max_inputs: int) -> dict[str, Schema]:
     many = {"minItems": 1, "maxItems": max_inputs}
     ids = array({"type": "integer", "minimum": 0}, minItems=1)
-    embeddings_item = obj({"object": const("embedding"), "index": INT, "embedding": VECTOR},
-                          "object", "index", "embedding")  # fmt: skip
+    embeddings_item = obj(
+        {"object": const("embedding"), "index": INT, "embedding": VECTOR},
+        "object",
+        "index",
+        "embedding",
+    )
     chunks = array(TEXT, minItems=1)
     return {
         "EmbeddingsRequest": obj(
@@ -117,7 +121,7 @@ def _openai(max_inputs: int) -> dict[str, Schema]:
             },
             "input",
             "model",
-        ),  # fmt: skip
+        ),
         "EmbeddingsResponse": obj(
             {
                 "object": const("list"),
@@ -129,7 +133,7 @@ def _openai(max_inputs: int) -> dict[str, Schema]:
             "data",
             "model",
             "usage",
-        ),  # fmt: skip
+        ),
         "Usage": obj({"prompt_tokens": INT, "total_tokens": INT}, "prompt_tokens", "total_tokens"),
         "ContextualizedRequest": obj(
             {
@@ -148,7 +152,7 @@ def _openai(max_inputs: int) -> dict[str, Schema]:
             },
             "input",
             "model",
-        ),  # fmt: skip
+        ),
         "ContextualizedResponse": obj(
             {
                 "object": const("list"),
@@ -167,19 +171,25 @@ def _openai(max_inputs: int) -> dict[str, Schema]:
             "data",
             "model",
             "usage",
-        ),  # fmt: skip
+        ),
     }
 
 
 def _service() -> dict[str, Schema]:
     model = {
-        "id": STR, "object": const("model"), "created": INT, "owned_by": STR,
-        "aliases": array(STR), "dimensions": INT, "max_input_tokens": INT, "workers": INT,
+        "id": STR,
+        "object": const("model"),
+        "created": INT,
+        "owned_by": STR,
+        "aliases": array(STR),
+        "dimensions": INT,
+        "max_input_tokens": INT,
+        "workers": INT,
         "prompts": {"type": "object", "additionalProperties": STR},
         "default_prompt_name": NULLABLE_STR,
         "task": {**STR, "enum": ["embed", "score", "sparse"]},
         "labels": array(STR),
-    }  # fmt: skip
+    }
     health = {
         "status": {**STR, "enum": ["ok", "unavailable"]},
         "reason": STR,
@@ -201,12 +211,28 @@ def _tei(max_inputs: int) -> dict[str, Schema]:
         "oneOf": [TEXT, ids, array(TEXT, **many), array(ids, **many)],
         "description": "A text, a list of token ids, or a list of either (one kind per request).",
     }
-    common = {"inputs": inputs, "truncate": TRUNCATE, "truncation_direction": DIRECTION,
-              "prompt_name": PROMPT_NAME}  # fmt: skip
+    common = {
+        "inputs": inputs,
+        "truncate": TRUNCATE,
+        "truncation_direction": DIRECTION,
+        "prompt_name": PROMPT_NAME,
+    }
     embed = {**common, "normalize": FLAG_TRUE, "dimensions": DIMENSIONS}
     top_k = {**INT, "minimum": 1, "maximum": SPARSE_TOP_K_MAX, "default": SPARSE_TOP_K}
-    token = obj({"id": INT, "text": STR, "special": BOOL, "start": {**INT, "nullable": True},
-                 "stop": {**INT, "nullable": True}}, "id", "text", "special", "start", "stop")  # fmt: skip
+    token = obj(
+        {
+            "id": INT,
+            "text": STR,
+            "special": BOOL,
+            "start": {**INT, "nullable": True},
+            "stop": {**INT, "nullable": True},
+        },
+        "id",
+        "text",
+        "special",
+        "start",
+        "stop",
+    )
     return {
         "TeiEmbedRequest": obj(embed, "inputs"),
         "TeiEmbedAllRequest": obj(
@@ -225,7 +251,7 @@ def _tei(max_inputs: int) -> dict[str, Schema]:
                 "prompt_name": PROMPT_NAME,
             },
             "inputs",
-        ),  # fmt: skip
+        ),
         "TeiTokens": array(array(token)),
         "TeiDecodeRequest": obj(
             {"ids": {"oneOf": [ids, array(ids, **many)]}, "skip_special_tokens": FLAG_TRUE}, "ids"
@@ -235,8 +261,12 @@ def _tei(max_inputs: int) -> dict[str, Schema]:
 
 
 def _tei_info() -> Schema:
-    head = obj({"id2label": {"type": "object", "additionalProperties": STR},
-                "label2id": {"type": "object", "additionalProperties": INT}})  # fmt: skip
+    head = obj(
+        {
+            "id2label": {"type": "object", "additionalProperties": STR},
+            "label2id": {"type": "object", "additionalProperties": INT},
+        }
+    )
     model_type = {
         "oneOf": [
             obj({"embedding": obj({"pooling": STR}, "pooling")}, "embedding"),
@@ -244,23 +274,40 @@ def _tei_info() -> Schema:
             obj({"classifier": head}, "classifier"),
         ]
     }
-    counts = ("max_concurrent_requests", "max_input_length", "max_batch_tokens",
-              "max_batch_requests", "max_client_batch_size", "tokenization_workers")  # fmt: skip
+    counts = (
+        "max_concurrent_requests",
+        "max_input_length",
+        "max_batch_tokens",
+        "max_batch_requests",
+        "max_client_batch_size",
+        "tokenization_workers",
+    )
     props = {
-        "model_id": STR, "model_sha": NULLABLE_STR, "model_dtype": STR, "served_model_name": STR,
-        "model_type": model_type, **dict.fromkeys(counts, INT), "auto_truncate": BOOL,
-        "version": STR, "sha": NULLABLE_STR, "docker_label": NULLABLE_STR,
-    }  # fmt: skip
-    return obj(props, "model_id", "model_type", "max_input_length", "max_client_batch_size",
-               "version")  # fmt: skip
+        "model_id": STR,
+        "model_sha": NULLABLE_STR,
+        "model_dtype": STR,
+        "served_model_name": STR,
+        "model_type": model_type,
+        **dict.fromkeys(counts, INT),
+        "auto_truncate": BOOL,
+        "version": STR,
+        "sha": NULLABLE_STR,
+        "docker_label": NULLABLE_STR,
+    }
+    return obj(
+        props, "model_id", "model_type", "max_input_length", "max_client_batch_size", "version"
+    )
 
 
 def _scores(max_inputs: int) -> dict[str, Schema]:
     many = {"minItems": 1, "maxItems": max_inputs}
     pair = array(STR, minItems=2, maxItems=2)
     label_scores = array(obj({"score": NUM, "label": STR}, "score", "label"))
-    result = obj({"index": INT, "relevance_score": NUM, "document": obj({"text": STR}, "text")},
-                 "index", "relevance_score")  # fmt: skip
+    result = obj(
+        {"index": INT, "relevance_score": NUM, "document": obj({"text": STR}, "text")},
+        "index",
+        "relevance_score",
+    )
     return {
         "TeiRerankRequest": obj(
             {
@@ -273,7 +320,7 @@ def _scores(max_inputs: int) -> dict[str, Schema]:
             },
             "query",
             "texts",
-        ),  # fmt: skip
+        ),
         "TeiRerankResponse": array(
             obj({"index": INT, "score": NUM, "text": STR}, "index", "score")
         ),
@@ -303,13 +350,13 @@ def _scores(max_inputs: int) -> dict[str, Schema]:
                     **FLAG_TRUE,
                     "description": "Cut over-long documents, as Cohere and "
                     "Jina do; false: 422 instead.",
-                },  # fmt: skip
+                },
                 "priority": PRIORITY,
             },
             "model",
             "query",
             "documents",
-        ),  # fmt: skip
+        ),
         "RerankResponse": obj(
             {
                 "id": STR,
@@ -321,5 +368,5 @@ def _scores(max_inputs: int) -> dict[str, Schema]:
             "model",
             "usage",
             "results",
-        ),  # fmt: skip
+        ),
     }
