@@ -233,3 +233,14 @@ def post_ln_for(kernels: str, exact_gelu: bool = False) -> PostLn:
 def check_kernels(kernels: str) -> None:
     if kernels not in ("torch", "compile", "fused"):
         raise ValueError(f"unknown kernels {kernels!r}")
+
+
+class EagerOnly:
+    """For a family without a compiled or fused path yet: ``use_kernels`` accepts any choice,
+    runs eager torch, and says so (``Engine.kernels`` reports what runs)."""
+
+    kernels = "torch"
+
+    def use_kernels(self, kernels: str, exact_gelu: bool = False) -> str:
+        check_kernels(kernels)
+        return self.kernels

@@ -27,11 +27,11 @@ from torch import nn
 from mesh.worker.engine.attention import AttentionBackend
 from mesh.worker.engine.models.blocks import (
     Activation,
+    EagerOnly,
     activation,
     apply_rope,
     attend,
     check_default_rope,
-    check_kernels,
     gated_mlp,
     rms_norm_unit_offset,
     rope_cos_sin,
@@ -89,7 +89,7 @@ class Gemma3Layer(nn.Module):
         return x + norm(m, self.post_feedforward, self.eps)
 
 
-class Gemma3Embedder(nn.Module):
+class Gemma3Embedder(EagerOnly, nn.Module):
     """``forward(ids[T], positions[T], attn) -> [T, hidden]`` for a planned packed batch."""
 
     family = "gemma3"
@@ -139,12 +139,6 @@ class Gemma3Embedder(nn.Module):
             for i, kind in enumerate(self.layer_types)
         )
         self.register_buffer("norm", w("norm.weight"))
-        self.kernels = "torch"
-
-    def use_kernels(self, kernels: str, exact_gelu: bool = False) -> str:
-        """Eager torch whatever is asked (no compiled or fused path yet); returns "torch"."""
-        check_kernels(kernels)
-        return self.kernels
 
     def forward(
         self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend

@@ -28,11 +28,11 @@ from torch import nn
 from mesh.worker.engine.attention import AttentionBackend
 from mesh.worker.engine.models.blocks import (
     Activation,
+    EagerOnly,
     activation,
     apply_rope,
     attend,
     check_default_rope,
-    check_kernels,
     gated_mlp,
     layer_norm,
     rope_cos_sin,
@@ -77,7 +77,7 @@ class ModernBertLayer(nn.Module):
         return x + gated_mlp(h, self.wi_w, self.wo_w, self.act, self.wi_b, self.wo_b)
 
 
-class ModernBertEncoder(nn.Module):
+class ModernBertEncoder(EagerOnly, nn.Module):
     """``forward(ids[T], positions[T], attn) -> [T, hidden]`` for a planned packed batch."""
 
     family = "modernbert"
@@ -119,12 +119,6 @@ class ModernBertEncoder(nn.Module):
         )
         self.register_buffer("final_norm_w", w("final_norm.weight"))
         self.register_buffer("final_norm_b", w.optional("final_norm.bias"))
-        self.kernels = "torch"
-
-    def use_kernels(self, kernels: str, exact_gelu: bool = False) -> str:
-        """Eager torch whatever is asked (no compiled or fused path yet); returns "torch"."""
-        check_kernels(kernels)
-        return self.kernels
 
     def forward(
         self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend

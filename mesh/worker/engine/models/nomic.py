@@ -30,10 +30,10 @@ from torch import nn
 from mesh.worker.engine.attention import AttentionBackend
 from mesh.worker.engine.models.blocks import (
     Activation,
+    EagerOnly,
     activation,
     apply_rope,
     check_default_rope,
-    check_kernels,
     gated_mlp,
     layer_norm,
     rope_cos_sin,
@@ -122,7 +122,7 @@ class RotaryPostLnLayer(nn.Module):
         return layer_norm(x + h, self.ln2_w, self.ln2_b, self.eps)
 
 
-class NomicBertEncoder(nn.Module):
+class NomicBertEncoder(EagerOnly, nn.Module):
     """``forward(ids[T], positions[T], attn) -> [T, hidden]`` for a planned packed batch."""
 
     family = "nomic"
@@ -163,7 +163,6 @@ class NomicBertEncoder(nn.Module):
             )
             for i in range(int(config["num_hidden_layers"]))
         )
-        self.kernels = "torch"
 
     @classmethod
     def check_supported(cls, config: dict[str, Any]) -> Activation:
@@ -190,11 +189,6 @@ class NomicBertEncoder(nn.Module):
         if config.get("moe_every_n_layers"):
             raise NotImplementedError(f"{cls.family}: mixture-of-experts layers are not supported")
         return activation(str(config.get("hidden_act", "silu")), cls.family)
-
-    def use_kernels(self, kernels: str, exact_gelu: bool = False) -> str:
-        """Eager torch whatever is asked (no compiled or fused path yet); returns "torch"."""
-        check_kernels(kernels)
-        return self.kernels
 
     def forward(
         self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
