@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
-import swagger_ui_bundle
 from aiohttp import web
 
 from mesh.ingress.config import IngressConfig
+from mesh.ingress.http_errors import ApiError
 from mesh.ingress.openapi import document
 
 # Only what the page loads: the package also ships source maps and ES bundles (~6 MB) that a
@@ -28,7 +28,15 @@ ASSETS = {
     "favicon-32x32.png": "image/png",
     "favicon-16x16.png": "image/png",
 }
-ASSET_DIR = Path(str(swagger_ui_bundle.swagger_ui_path))
+
+try:
+    import swagger_ui_bundle
+
+    ASSET_DIR: Path | None = Path(str(swagger_ui_bundle.swagger_ui_path))
+except ImportError:
+    # Run from a checkout on PYTHONPATH without pip (the GPU machine): the API serves and
+    # /openapi.json too; only the page says what is missing (as tei.VERSION does for /info).
+    ASSET_DIR = None
 
 PAGE = b"""<!DOCTYPE html>
 <html lang="en">
@@ -70,7 +78,20 @@ async def _openapi(request: web.Request) -> web.Response:
     return web.Response(body=request.app[_DOCUMENT], content_type="application/json")
 
 
+def _check_assets() -> Path:
+    if ASSET_DIR is None:
+        raise ApiError(
+            503,
+            "the /docs page's assets are not installed (pip install swagger-ui-bundle); "
+            "the description itself is at /openapi.json",
+            "server_error",
+            "unavailable",
+        )
+    return ASSET_DIR
+
+
 async def _page(request: web.Request) -> web.Response:
+    _check_assets()
     # "docs/static/..." resolves against /docs's parent: the links need no trailing slash.
     return web.Response(body=PAGE, content_type="text/html", charset="utf-8")
 
@@ -80,6 +101,6 @@ async def _asset(request: web.Request) -> web.StreamResponse:
     if name not in ASSETS:  # a fixed list: no path from the request reaches the file system
         raise web.HTTPNotFound()
     return web.FileResponse(
-        ASSET_DIR / name,
+        _check_assets() / name,
         headers={"Content-Type": ASSETS[name], "Cache-Control": "public, max-age=86400"},
     )

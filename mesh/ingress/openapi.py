@@ -176,7 +176,7 @@ def _responses(op: Operation, guarded: bool) -> dict[str, Schema]:
         if status == 429:
             response["headers"] = {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}
         out[str(status)] = response
-    out["default"] = {"description": "Any other error (405, 408, 500), in the same shape.",
+    out["default"] = {"description": "Any other error (405, 408, 500; /docs: 503 without its assets), same shape.",
                       "content": error}  # fmt: skip
     return out
 

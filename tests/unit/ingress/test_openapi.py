@@ -19,7 +19,7 @@ from hypothesis.strategies import SearchStrategy
 from openapi_schema_validator import OAS30Validator
 from openapi_spec_validator import validate
 
-from mesh.ingress import contextualized, multivector
+from mesh.ingress import contextualized, docs_page, multivector
 from mesh.ingress.app import create_app
 from mesh.ingress.config import IngressConfig
 from mesh.ingress.docs_page import ASSETS
@@ -116,6 +116,16 @@ async def test_openapi_and_docs_need_no_key_and_work_offline(keyed: TestClient) 
     for name, content_type in ASSETS.items():
         asset = await keyed.get(f"/docs/static/{name}")
         assert asset.status == 200 and asset.content_type == content_type, name
+
+
+async def test_without_the_asset_package_the_page_is_503_and_the_rest_serves(
+    keyed: TestClient, monkeypatch
+) -> None:
+    monkeypatch.setattr(docs_page, "ASSET_DIR", None)
+    for path in ("/docs", "/docs/static/swagger-ui.css"):
+        resp = await keyed.get(path)
+        assert resp.status == 503 and "swagger-ui-bundle" in (await resp.json())["error"]["message"]
+    assert (await keyed.get("/openapi.json")).status == 200
 
 
 async def test_an_asset_outside_the_list_is_404(keyed: TestClient) -> None:
