@@ -47,8 +47,11 @@ OUTPUT_KINDS: dict[str, str] = {
     # sorted by id, only weights > threshold, zero-padded (a pad's weight is 0, never kept).
     "sparse": "float32",
 }
-# What a row of the result is (OutputOptions.rows): a sequence's pooled vector, or a span's mean.
-ROW_KINDS: tuple[str, ...] = ("sequence", "spans")
+# What a row of the result is (OutputOptions.rows): a sequence's pooled vector, or a span's mean;
+# "multivector": a span row (one token's state) through the model's multi-vector head
+# (ModelInfo.multivector_dims wide), e.g. bge-m3's colbert vectors. Both carry spans.
+ROW_KINDS: tuple[str, ...] = ("sequence", "spans", "multivector")
+SPAN_ROWS: tuple[str, ...] = ("spans", "multivector")
 
 
 # What a model does (ModelInfo.task), and what turns a scorer's logits into scores
@@ -89,7 +92,7 @@ class OutputOptions:
             raise ProtocolError(f"{where}: unknown output kind {self.kind!r}")
         if self.rows not in ROW_KINDS:
             raise ProtocolError(f"{where}: unknown row kind {self.rows!r}")
-        if self.rows == "spans" and self.pool_skip:
+        if self.rows in SPAN_ROWS and self.pool_skip:
             raise ProtocolError(f"{where}: spans say what is pooled; pool_skip must be 0")
         if self.dims is not None and not 1 <= self.dims <= limits.MAX_DIMS:
             raise ProtocolError(f"{where}: dims out of range")
@@ -127,6 +130,9 @@ class ModelInfo:
     # "sparse": a SPLADE-style model, one weight per vocabulary entry (``dims == vocab_size``),
     # served only as the output kind "sparse" (its top_k largest).
     task: str = "embed"
+    # True: an embedder (task "embed") that also gives the output kind "sparse", bge-m3's
+    # lexical weights (its vocab_size wide): /embed_sparse takes it as a SPLADE model.
+    lexical: bool = False
     labels: list[str] = field(default_factory=list)  # a scorer's label names, by logit index
     # What turns a scorer's logits into its scores (the ingress applies it, unless raw):
     # "sigmoid", "softmax", "identity" or "tanh"; "" for an embedder.
@@ -137,6 +143,9 @@ class ModelInfo:
     # True when sentence-transformers Dense layers follow the pooling: span rows skip them
     # (they are means of hidden states), so they are not the model's embedding space.
     has_dense: bool = False
+    # Width of a per-token vector of the model's multi-vector head (rows "multivector": bge-m3's
+    # colbert vectors); 0 when it has none (and from a worker from before the head).
+    multivector_dims: int = 0
 
     def check(self, where: str) -> None:
         """What a peer's card must hold for the ingress to use it without failing later: a
@@ -153,6 +162,10 @@ class ModelInfo:
             len(self.labels) != self.dims or self.activation not in ACTIVATIONS
         ):
             raise ProtocolError(f"{where}: a scorer needs a label per logit and an activation")
+        if self.lexical and self.task != "embed":
+            raise ProtocolError(f"{where}: lexical weights are an embedder's (task embed)")
+        if not 0 <= self.multivector_dims <= limits.MAX_DIMS:
+            raise ProtocolError(f"{where}: multivector_dims out of range")
         if self.default_prompt_name is not None and self.default_prompt_name not in self.prompts:
             raise ProtocolError(f"{where}: default_prompt_name is not one of its prompts")
 
@@ -260,7 +273,7 @@ class SubmitRequest(Message):
     # Pairs for a cross-encoder: per sequence, the token index where its second text (token
     # type 1) begins, 0 for a single text; None when the request holds no pair.
     segment_b_start: np.ndarray | None = None
-    # Spans (module docstring): present exactly when ``output.rows == "spans"``.
+    # Spans (module docstring): present exactly when ``output.rows`` is one of SPAN_ROWS.
     spans: np.ndarray | None = None  # int32 [S, 2], relative to each sequence
     span_offsets: np.ndarray | None = None  # int32 [n + 1]
 
@@ -268,8 +281,8 @@ class SubmitRequest(Message):
         _check_ragged(self.token_ids, self.offsets, "SubmitRequest")
         _check_pairs(self.segment_b_start, self.offsets, "SubmitRequest")
         _check_spans(self.spans, self.span_offsets, self.offsets, "SubmitRequest", False)
-        if (self.spans is not None) != (self.output.rows == "spans"):
-            raise ProtocolError("SubmitRequest: spans come exactly with rows 'spans'")
+        if (self.spans is not None) != (self.output.rows in SPAN_ROWS):
+            raise ProtocolError("SubmitRequest: spans come exactly with span rows")
         self.output.check("SubmitRequest")
         if self.lane not in (Lane.INTERACTIVE, Lane.BATCH):
             raise ProtocolError("SubmitRequest: unknown lane")
@@ -470,7 +483,7 @@ class BatchAssign(Message):
             raise ProtocolError("BatchAssign: output_index must be int32 [n]")
         if int(self.output_index.min()) < 0 or int(self.output_index.max()) >= len(self.outputs):
             raise ProtocolError("BatchAssign: output_index out of range")
-        spanned = np.array([opt.rows == "spans" for opt in self.outputs])[self.output_index]
+        spanned = np.array([opt.rows in SPAN_ROWS for opt in self.outputs])[self.output_index]
         if self.span_offsets is None:
             if spanned.any():
                 raise ProtocolError("BatchAssign: a span group without spans")

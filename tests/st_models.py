@@ -178,3 +178,43 @@ def build_splade(path: Path, seed: int = 13, hidden: int = HIDDEN, heads: int = 
     mlm = MLMTransformer(str(raw), max_seq_length=MAX_TOKENS)
     SparseEncoder(modules=[mlm, SpladePooling("max")], device="cpu").save(str(path))
     return path
+
+
+def build_m3_colbert(path: Path, seed: int = 17, hidden: int = HIDDEN, heads: int = 4) -> Path:
+    """A tiny random-weight ``XLMRobertaModel`` (the embedded MiniLM's tokenizer, so texts work)
+    with bge-m3's colbert head beside it as FlagEmbedding ships it, converted:
+    ``colbert_linear.safetensors`` (``Linear(hidden, hidden)``, with bias)."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    from mesh.worker.engine.card import default_model_path
+
+    config = transformers.XLMRobertaConfig(
+        vocab_size=30522,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        max_position_embeddings=MAX_TOKENS + 2,
+        type_vocab_size=1,
+        pad_token_id=1,
+    )
+    torch.manual_seed(seed)
+    model = transformers.XLMRobertaModel(config, add_pooling_layer=False).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if p.dim() == 1 and "layernorm" in name.lower():
+                p.copy_(1.0 + 0.2 * noise if name.endswith("weight") else 0.1 * noise)
+            else:
+                p.copy_(0.1 * noise)
+    model.save_pretrained(path, safe_serialization=True)
+    transformers.AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(path)
+    head = {
+        "weight": 0.2 * torch.randn(hidden, hidden, generator=gen),
+        "bias": 0.1 * torch.randn(hidden, generator=gen),
+    }
+    save_file(head, str(path / "colbert_linear.safetensors"))
+    return path

@@ -190,14 +190,44 @@ async def prepare_documents(
     )  # fmt: skip
 
 
-def token_spans(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every token its own span (per-token vectors): ``(spans, span_offsets)``."""
-    total = int(lengths.sum())
-    starts_of_seq = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=starts_of_seq[1:])
-    position = np.arange(total) - np.repeat(starts_of_seq[:-1], lengths)
+def token_spans(lengths: np.ndarray, first: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Every token from position ``first`` on its own span (per-token vectors): ``(spans,
+    span_offsets)``; each length must exceed ``first``."""
+    counts = np.asarray(lengths, dtype=np.int64) - first
+    starts_of_seq = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts_of_seq[1:])
+    position = np.arange(int(counts.sum())) - np.repeat(starts_of_seq[:-1], counts) + first
     spans = np.stack([position, position + 1], axis=1).astype(np.int32)
     return spans, starts_of_seq.astype(np.int32)
+
+
+def multi_vector(valid: ValidRequest) -> ValidRequest:
+    """``valid`` (tokenized as for an embedding) answering the model's multi-vector head's
+    per-token vectors, normalized, float32: bge-m3's colbert vectors, one per token after the
+    first (``<s>`` has none, the final ``</s>`` has one, as FlagEmbedding returns them).
+    InvalidInput for a model without the head or an input of one token; TooLarge past
+    ``MAX_TOKEN_VECTOR_VALUES`` numbers, as for /embed_all."""
+    model = valid.model
+    check_span_model(model, "multi-vector embeddings")
+    width = model.multivector_dims
+    if width <= 0:
+        raise InvalidInput(
+            f"model {model.name!r} has no multi-vector head (bge-m3's colbert_linear)",
+            param="model",
+        )
+    if valid.lengths.size and int(valid.lengths.min()) < 2:
+        raise InvalidInput("an input of one token has no vector after its first token",
+                           param="inputs")  # fmt: skip
+    values = (valid.tokens - valid.n) * width
+    if values > MAX_TOKEN_VECTOR_VALUES:
+        raise TooLarge(
+            f"{valid.tokens - valid.n} vectors x {width} dimensions is {values} numbers, over "
+            f"the limit of {MAX_TOKEN_VECTOR_VALUES} per request; send fewer or shorter inputs",
+            param="inputs",
+        )
+    spans, span_offsets = token_spans(valid.lengths, first=1)
+    output = OutputOptions(dims=None, normalize=True, kind="float32", rows="multivector")
+    return dataclasses.replace(valid, output=output, spans=spans, span_offsets=span_offsets)
 
 
 def per_token(valid: ValidRequest) -> ValidRequest:

@@ -12,17 +12,28 @@ pooling and any Dense layer). One request's answer holds at most
 as ``max_embed_all_values``, and a request beyond is 413 (TEI's ``Validation``). On the mesh it
 is a span request with one span per token (``proto_msgs.messages``), so it is batched,
 requeued and isolated like any other. Errors have TEI's shape.
+
+``POST /embed_multivector`` (ours): the same body and answer shape, but the vectors of the
+model's multi-vector head, normalized (bge-m3's colbert vectors: ``colbert_linear`` of each
+token's state, every token after ``<s>``, ``</s>`` included, as FlagEmbedding returns them;
+``GET /info`` states their width as ``multivector_dims``, 0 for a model without the head, which
+is refused). A route of its own rather than a flag on ``/embed_all``: a TEI client's
+``/embed_all`` must keep meaning raw hidden states whatever model answers it, and a flag would
+give one route two answer shapes (another width, another token count). It is bounded like
+``/embed_all``: at most ``max_embed_all_values`` numbers (vectors x width) per answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import orjson
 from aiohttp import web
 
-from mesh.client.spans import per_token
+from mesh.client.request import ValidRequest
+from mesh.client.spans import multi_vector, per_token
 from mesh.ingress import tei
 from mesh.ingress.encodings import render_rows
 from mesh.ingress.http_errors import TEI, ApiError
@@ -35,6 +46,7 @@ FORMATS = ("float", "base64")
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/embed_all", _embed_all, name=f"{TEI}.embed_all")
+    app.router.add_post("/embed_multivector", _embed_multivector, name=f"{TEI}.embed_multivector")
 
 
 def _encoding_format(body: bytes) -> str:
@@ -48,6 +60,17 @@ def _encoding_format(body: bytes) -> str:
 
 
 async def _embed_all(request: web.Request) -> web.Response:
+    return await _token_vectors(request, per_token)
+
+
+async def _embed_multivector(request: web.Request) -> web.Response:
+    return await _token_vectors(request, multi_vector)
+
+
+async def _token_vectors(
+    request: web.Request, rows: Callable[[ValidRequest], ValidRequest]
+) -> web.Response:
+    """Per input, a vector per token: ``rows`` turns the tokenized request into its spans."""
     state = request.app[STATE]
     cfg = state.cfg
     start = time.perf_counter()
@@ -58,7 +81,7 @@ async def _embed_all(request: web.Request) -> web.Response:
     info = tei.model_for(state, request)
     parsed = time.perf_counter()
     valid = await tei._front_door(state, request.app[tei._TOKENIZERS], info, req, lane)
-    valid = per_token(valid)
+    valid = rows(valid)
     prepared = time.perf_counter()
     result = await state.client.submit(valid, cfg.request_timeout_s)
     meshed = time.perf_counter()

@@ -123,6 +123,10 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/embed_all", "teiEmbedAll", "Every token's final hidden state (TEI)",
               body="TeiEmbedAllRequest", ok=ref("TeiEmbedAllResponse"), errors=_TEI_WORK,
               headers=_TEI_HEADERS, timed=True, **_TEI_TAGS),
+    Operation("post", "/embed_multivector", "teiEmbedMultivector", "A multi-vector model's "
+              "normalized per-token vectors (bge-m3's colbert vectors; ours, TEI-shaped)",
+              body="TeiEmbedAllRequest", ok=ref("TeiEmbedAllResponse"), errors=_TEI_WORK,
+              headers=_TEI_HEADERS, timed=True, **_TEI_TAGS),
     Operation("post", "/tokenize", "teiTokenize", "Tokens with UTF-8 byte offsets (TEI)",
               body="TeiTokenizeRequest", ok=ref("TeiTokens"), errors=_TEI_TOOLS,
               headers=(MODEL_HEADER,), **_TEI_TAGS),

@@ -284,6 +284,8 @@ def info_doc(model: ModelInfo, state: IngressState) -> dict[str, object]:
         "tokenization_workers": cfg.tokenizer_threads,
         # Ours: the most numbers (tokens x width) one /embed_all answer holds (413 beyond).
         "max_embed_all_values": MAX_TOKEN_VECTOR_VALUES,
+        # Ours: the width of /embed_multivector's per-token vectors; 0: the model has no such head.
+        "multivector_dims": model.multivector_dims,
         "version": VERSION,
         "sha": None,
         "docker_label": None,

@@ -31,6 +31,7 @@ import torch
 from mesh.worker.engine.outputs import finalize_tensor
 from mesh.worker.engine.spans import absolute_spans
 from proto_msgs import BatchAssign
+from proto_msgs.messages import SPAN_ROWS
 
 _ALIGN = 64  # bytes; every group's results start on this boundary inside a slot
 
@@ -90,7 +91,7 @@ class ResultPipeline:
             outputs = []
             for g, out in enumerate(batch.outputs):
                 source, owner = (pooled, batch.output_index)
-                if out.rows == "spans":
+                if out.rows in SPAN_ROWS:
                     assert span_rows is not None and span_group is not None
                     source, owner = span_rows, span_group
                 if len(batch.outputs) == 1:
@@ -100,6 +101,8 @@ class ResultPipeline:
                     if self.cuda:  # pinned and non_blocking: a pageable copy syncs the stream
                         rows = rows.pin_memory().to(source.device, non_blocking=True)
                     part = source[rows]
+                if out.rows == "multivector":  # per-token rows through the model's head
+                    part = self.engine.project_multivector(part)  # type: ignore[attr-defined]
                 outputs.append(
                     finalize_tensor(
                         part, out.dims, out.normalize, out.kind, out.top_k, out.threshold

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mesh.worker.engine.classifier import read_classifier
+from mesh.worker.engine.colbert import MultiVector, read_multivector
 from mesh.worker.engine.models.registry import (
     Family,
     spec_for_config,
@@ -68,6 +69,9 @@ class ModelCard:
     activation: str = ""  # a scorer's: what the ingress applies to its logits unless raw
     # task "sparse": a SPLADE model (sparse.py), ``dims`` its vocabulary, pooling "splade".
     splade: Splade | None = None
+    # A multi-vector head (colbert.py: bge-m3's colbert vectors): per-token vectors of this
+    # width; None when the model has none.
+    multivector: MultiVector | None = None
 
 
 def default_model_path() -> Path:
@@ -173,6 +177,7 @@ def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCar
             f"sparse (SPLADE) models are served in the BERT family (BertForMaskedLM's head); "
             f"this one is {family!r}"
         )
+    multivector = read_multivector(model_dir, config)
     tokenizer_path = model_dir / "tokenizer.json"
     if not tokenizer_path.is_file():
         raise FileNotFoundError(f"no tokenizer.json in {model_dir}")
@@ -215,6 +220,7 @@ def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCar
         labels=[] if head is None else head.labels,
         activation="" if head is None else head.activation,
         splade=st.splade,
+        multivector=multivector,
     )
 
 

@@ -35,6 +35,7 @@ from mesh.worker.engine import fused
 from mesh.worker.engine.attention import AttentionBackend, cpu_backend
 from mesh.worker.engine.card import ModelCard, read_card, read_config
 from mesh.worker.engine.classifier import load_classifier
+from mesh.worker.engine.colbert import load_multivector
 from mesh.worker.engine.cpu import keep_freed_memory
 from mesh.worker.engine.dense import load_dense
 from mesh.worker.engine.loader import load_model
@@ -91,6 +92,8 @@ class Engine:
     sparse: SparseHead | None = field(default=None, kw_only=True)
     # Width of the final hidden states: what a span row (embed_with_spans) holds.
     hidden_size: int = 0
+    # A multi-vector head (colbert.py): the linear that span rows "multivector" go through.
+    multivector: torch.nn.Module | None = field(default=None, kw_only=True)
 
     @classmethod
     def load(
@@ -171,18 +174,19 @@ class Engine:
                        sparse=head)  # fmt: skip
         budget = max_batch_tokens or default_max_batch_tokens(device.type, graph_max_tokens)
         hidden_size = int(read_config(model_dir)["hidden_size"])
+        head = load_multivector(model_dir, card.multivector, device)
         if device.type != "cuda" or attention is not None:
             backend = attention or cpu_backend()
             return cls(
                 card, model, device, model.dtype, budget, backend, kernels=kernels, dense=dense,
-                pair_shift=pair_shift, hidden_size=hidden_size,
+                pair_shift=pair_shift, hidden_size=hidden_size, multivector=head,
             )  # fmt: skip
         from mesh.worker.engine.gpu import GpuRunner
 
         runner = GpuRunner(model, card, device, graph_max_tokens, graphs, dense=dense)
         return cls(
             card, model, device, model.dtype, budget, runner.eager_attn, runner, kernels, dense,
-            pair_shift, hidden_size,
+            pair_shift, hidden_size, multivector=head,
         )  # fmt: skip
 
     def warmup(self, buckets: list[int]) -> None:
@@ -256,6 +260,15 @@ class Engine:
             if hidden is None:  # an empty batch
                 return pooled, torch.zeros(0, self.hidden_size, device=self.device)
             return pooled, span_means(hidden, spans)
+
+    def project_multivector(self, rows: torch.Tensor) -> torch.Tensor:
+        """``float32 [S, H]`` span rows (one token's final hidden state each) through the
+        model's multi-vector head, in fp32 on the device: ``float32 [S, multivector dims]``,
+        not normalized (the output's ``normalize`` does it). ValueError without a head."""
+        if self.multivector is None:
+            raise ValueError(f"model {self.card.name!r} has no multi-vector head")
+        with torch.inference_mode():
+            return self.multivector(rows.float())
 
     def _forward(
         self,

@@ -73,7 +73,7 @@ def test_bad_spans_are_refused(spans: list[tuple[int, int]], counts: list[int]) 
 
 def test_spans_come_exactly_with_span_rows() -> None:
     msg = dataclasses.replace(_submit([(0, 4), (0, 5)], [1, 1]), output=OutputOptions())
-    with pytest.raises(ProtocolError, match="rows 'spans'"):
+    with pytest.raises(ProtocolError, match="span rows"):
         decode(encode(msg))
 
 
