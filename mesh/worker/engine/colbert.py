@@ -73,7 +73,7 @@ def read_multivector(model_dir: str | Path, config: dict[str, Any]) -> MultiVect
             raise ValueError(
                 f"{M3_HEAD}.pt is a pickle, which is never loaded: convert it with "
                 f"`python -m mesh.worker.engine.convert_m3 {model_dir}` "
-                f"(writes {M3_HEAD}.safetensors)"
+                f"(writes {M3_HEAD}.safetensors; colbert.convert_pickled_head does the same)"
             )
         return None
     tensors = load_file(str(weights))
@@ -85,6 +85,25 @@ def read_multivector(model_dir: str | Path, config: dict[str, Any]) -> MultiVect
             f"{ {k: tuple(v.shape) for k, v in tensors.items()} }"
         )
     return MultiVector(weights.name, hidden, int(weight.shape[0]), "bias" in tensors, True)
+
+
+def convert_pickled_head(model_dir: str | Path) -> Path | None:
+    """Write ``colbert_linear.safetensors`` from FlagEmbedding's ``colbert_linear.pt`` (read
+    with ``torch.load(weights_only=True)``: plain tensors, nothing that runs code); its path,
+    or None when the directory has no such pickle. ``convert_m3`` calls it."""
+    model_dir = Path(model_dir)
+    pickled = model_dir / f"{M3_HEAD}.pt"
+    if not pickled.is_file():
+        return None
+    from safetensors.torch import save_file
+
+    state = torch.load(pickled, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or not {"weight"} <= set(state) <= {"weight", "bias"}:
+        keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"{pickled.name} must hold 'weight' (and 'bias'); it holds {keys}")
+    out = model_dir / f"{M3_HEAD}.safetensors"
+    save_file({k: v.detach().contiguous() for k, v in state.items()}, str(out))
+    return out
 
 
 def load_multivector(

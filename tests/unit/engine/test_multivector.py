@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from mesh.client.spans import token_spans
 from mesh.worker.engine.card import read_card
+from mesh.worker.engine.colbert import convert_pickled_head
 from mesh.worker.engine.engine import Engine
 from mesh.worker.engine.spans import absolute_spans
 from mesh.worker.pipeline import ResultPipeline
@@ -103,6 +104,18 @@ def test_a_pickle_only_head_is_refused_naming_the_conversion(m3_dir: Path, tmp_p
     (copy / "colbert_linear.safetensors").rename(copy / "colbert_linear.pt")
     with pytest.raises(ValueError, match=r"colbert_linear\.pt is a pickle.*convert_m3"):
         read_card(copy)
+
+
+def test_the_converted_pickle_loads_as_the_safetensors_head(m3_dir: Path, tmp_path: Path) -> None:
+    copy = shutil.copytree(m3_dir, tmp_path / "m3-convert")
+    head = load_file(str(copy / "colbert_linear.safetensors"))
+    (copy / "colbert_linear.safetensors").unlink()
+    torch.save(head, copy / "colbert_linear.pt")
+    assert convert_pickled_head(copy) == copy / "colbert_linear.safetensors"
+    converted = load_file(str(copy / "colbert_linear.safetensors"))
+    assert all(torch.equal(converted[k], head[k]) for k in ("weight", "bias"))
+    assert read_card(copy).multivector == read_card(m3_dir).multivector
+    assert convert_pickled_head(m3_dir) is None
 
 
 def test_a_colbert_checkpoint_is_refused_naming_its_markers(m3_dir: Path, tmp_path: Path) -> None:
