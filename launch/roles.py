@@ -147,6 +147,7 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         activation=card.activation,
         hidden_size=engine.hidden_size,
         has_dense=bool(card.dense),
+        lexical=card.lexical,
         multivector_dims=card.multivector.out_features if card.multivector else 0,
     )
     options = WorkerOptions(

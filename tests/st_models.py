@@ -218,3 +218,49 @@ def build_m3_colbert(path: Path, seed: int = 17, hidden: int = HIDDEN, heads: in
     }
     save_file(head, str(path / "colbert_linear.safetensors"))
     return path
+
+
+def build_m3_lexical(
+    path: Path, seed: int = 19, hidden: int = HIDDEN, heads: int = 4, pickled: bool = False
+) -> Path:
+    """A tiny bge-m3 look-alike: a random-weight ``XLMRobertaModel`` (the embedded MiniLM's
+    tokenizer, so texts work) saved as sentence-transformers saves bge-m3 (CLS pooling, then
+    Normalize), with its lexical head beside it: ``sparse_linear.safetensors`` (``weight [1,
+    hidden]``, ``bias [1]``), or FlagEmbedding's ``sparse_linear.pt`` alone when ``pickled``."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    from mesh.worker.engine.card import default_model_path
+
+    config = transformers.XLMRobertaConfig(
+        vocab_size=30522,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        max_position_embeddings=MAX_TOKENS + 2,
+        type_vocab_size=1,
+        pad_token_id=1,
+    )
+    torch.manual_seed(seed)
+    model = transformers.XLMRobertaModel(config, add_pooling_layer=False).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if p.dim() == 1 and "layernorm" in name.lower():
+                p.copy_(1.0 + 0.2 * noise if name.endswith("weight") else 0.1 * noise)
+            else:
+                p.copy_(0.1 * noise)
+    raw = path.with_name(path.name + "-raw")
+    model.save_pretrained(raw, safe_serialization=True)
+    transformers.AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(raw)
+    build_st_model(raw, path, pooling="cls", normalize=True)
+    # A bias that leaves some tokens at relu's zero and others well above it.
+    head = {"weight": torch.randn(1, hidden, generator=gen), "bias": torch.tensor([0.3])}
+    if pickled:
+        torch.save(head, path / "sparse_linear.pt")
+    else:
+        save_file(head, str(path / "sparse_linear.safetensors"))
+    return path

@@ -133,7 +133,7 @@ def check_task(model: ModelInfo, task: str) -> None:
     """InvalidInput naming what ``model`` does when it does not do ``task``: embeddings from a
     cross-encoder or a sparse model, scores from an embedding model, sparse weights from a
     model without them."""
-    if model.task == task:
+    if model.task == task or (task == "sparse" and model.lexical):
         return
     if model.task == "sparse":
         raise InvalidInput(
@@ -145,7 +145,7 @@ def check_task(model: ModelInfo, task: str) -> None:
         what = "a cross-encoder" if model.task == "score" else "a dense embedding model"
         raise InvalidInput(
             f"model {model.name!r} is {what}: it has no sparse weights; /embed_sparse needs a "
-            "sparse (SPLADE) model",
+            "sparse (SPLADE) model or an embedder with lexical weights (bge-m3)",
             param="model",
         )
     if model.task == "score":

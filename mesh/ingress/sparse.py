@@ -1,4 +1,5 @@
-"""TEI's ``POST /embed_sparse``: a sparse (SPLADE) model's vocabulary weights per input.
+"""TEI's ``POST /embed_sparse``: a sparse (SPLADE) model's vocabulary weights per input, or
+an embedder's lexical weights (bge-m3: ``ModelInfo.lexical``, worker/engine/lexical.py).
 
 The body is TEI's (``inputs``, ``truncate``, ``truncation_direction``, ``prompt_name``, as
 ``/embed`` takes them), plus two fields of ours that bound the answer: ``top_k``, the most
@@ -12,8 +13,9 @@ so a response is bounded whatever the model.
 
 It goes through the one front door (``tei._front_door``, then ``MeshClient.prepare_texts`` /
 ``prepare_tokens`` with the output kind "sparse"): the same validation, lanes, admission and
-deadlines as ``/embed``. A dense model here, or a sparse model on ``/embed`` and
-``/v1/embeddings``, is a 422 naming what the model does (``request.check_task``).
+deadlines as ``/embed``. A dense model without lexical weights here, or a sparse model on
+``/embed`` and ``/v1/embeddings``, is a 422 naming what the model does
+(``request.check_task``).
 """
 
 from __future__ import annotations

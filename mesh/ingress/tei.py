@@ -286,6 +286,8 @@ def info_doc(model: ModelInfo, state: IngressState) -> dict[str, object]:
         "max_embed_all_values": MAX_TOKEN_VECTOR_VALUES,
         # Ours: the width of /embed_multivector's per-token vectors; 0: the model has no such head.
         "multivector_dims": model.multivector_dims,
+        # Ours: true for an embedder that /embed_sparse also takes (bge-m3's lexical weights).
+        "embed_sparse": model.task == "sparse" or model.lexical,
         "version": VERSION,
         "sha": None,
         "docker_label": None,

@@ -87,10 +87,12 @@ class ResultPipeline:
         engine refuses (a client error) and anything else for an engine failure."""
         started = time.perf_counter()
         with torch.inference_mode():
-            pooled, span_rows, span_group = self._embed(batch)
+            pooled, span_rows, span_group, lexical = self._embed(batch)
             outputs = []
             for g, out in enumerate(batch.outputs):
                 source, owner = (pooled, batch.output_index)
+                if out.kind == "sparse" and lexical is not None:  # bge-m3's weights
+                    source = lexical
                 if out.rows in SPAN_ROWS:
                     assert span_rows is not None and span_group is not None
                     source, owner = span_rows, span_group
@@ -129,26 +131,35 @@ class ResultPipeline:
 
     def _embed(
         self, batch: BatchAssign
-    ) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray | None]:
-        """Pooled rows per sequence and, for a batch with spans, the span rows and each span
-        row's output group."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray | None, torch.Tensor | None]:
+        """Pooled rows per sequence; for a batch with spans, the span rows and each span
+        row's output group; for a batch asking a lexical model (bge-m3) for the kind "sparse",
+        its lexical weights per sequence."""
         engine = self.engine
         # A cross-encoder's pairs (where each second text begins), only when the batch has any.
         extra = {} if batch.segment_b_start is None else {"pairs": batch.segment_b_start}
         skips = [out.pool_skip for out in batch.outputs]
         # Per sequence, the prompt tokens its group's requests leave out of the pooling.
         skip = np.asarray(skips, dtype=np.int64)[batch.output_index] if any(skips) else None
+        lexical = getattr(engine, "lexical", None) is not None and any(
+            out.kind == "sparse" for out in batch.outputs
+        )
         if batch.spans is None or batch.span_offsets is None:
+            if lexical:  # the same forward gives the dense groups their pooled rows
+                pooled, weights = engine.embed_lexical(batch.token_ids, batch.offsets, skip)  # type: ignore[attr-defined]
+                return pooled, None, None, weights
             # Without a skip, the engine is called as engines without prompts are (test fakes).
             args = () if skip is None else (skip,)
             pooled = engine.embed(batch.token_ids, batch.offsets, *args, **extra)  # type: ignore[attr-defined]
-            return pooled, None, None
+            return pooled, None, None, None
         spans = absolute_spans(batch.spans, batch.span_offsets, batch.offsets)
         pooled, span_rows = engine.embed_with_spans(  # type: ignore[attr-defined]
             batch.token_ids, batch.offsets, spans, skip, **extra
         )
         group = np.repeat(batch.output_index, np.diff(batch.span_offsets))
-        return pooled, span_rows, group
+        # Spans and lexical weights in one batch (rare): a second forward, kept simple.
+        weights = engine.embed_lexical(batch.token_ids, batch.offsets, skip)[1] if lexical else None  # type: ignore[attr-defined]
+        return pooled, span_rows, group, weights
 
     def collect(self, launched: Launched) -> tuple[list[np.ndarray], float]:
         """Wait for ``launched`` (call in launch order) and return its host results and the

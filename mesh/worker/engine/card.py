@@ -22,6 +22,7 @@ from typing import Any
 
 from mesh.worker.engine.classifier import read_classifier
 from mesh.worker.engine.colbert import MultiVector, read_multivector
+from mesh.worker.engine.lexical import has_lexical_head
 from mesh.worker.engine.models.registry import (
     Family,
     spec_for_config,
@@ -62,6 +63,8 @@ class ModelCard:
     # False: the pooling leaves a prompt's tokens out (sentence-transformers include_prompt;
     # the ingress says how many per request, pooling.pool skips them).
     include_prompt: bool = True
+    # bge-m3's lexical weights (lexical.py): an embedder that also gives the output kind "sparse".
+    lexical: bool = False
     # "score": a cross-encoder (classifier.py): ``dense`` is its head, whose ``path``s name
     # weights in the model's checkpoint; ``dims`` is the number of labels.
     task: str = "embed"
@@ -169,6 +172,8 @@ def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCar
     causal = is_causal(config, family, st.pooling_config)
     pooling = _pooling(st, family, causal)
     head = read_classifier(model_dir, config, family, st)
+    # Only an embedder's: a SPLADE model or a scorer has no use for bge-m3's sparse head.
+    lexical = head is None and st.splade is None and has_lexical_head(model_dir)
     if head is not None:
         # Its head reads the first token's state (BERT's [CLS], RoBERTa's <s>).
         pooling, st.dense = "cls", head.layers
@@ -212,6 +217,7 @@ def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCar
         tokenizer_json=tokenizer_json,
         tokenizer_digest=hashlib.sha256(tokenizer_json).hexdigest(),
         dense=st.dense,
+        lexical=lexical,
         prompts=st.prompts,
         default_prompt_name=st.default_prompt_name,
         # Last-token pooling never reads the prompt: no need to count its tokens then.

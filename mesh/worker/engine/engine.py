@@ -38,6 +38,7 @@ from mesh.worker.engine.classifier import load_classifier
 from mesh.worker.engine.colbert import load_multivector
 from mesh.worker.engine.cpu import keep_freed_memory
 from mesh.worker.engine.dense import load_dense
+from mesh.worker.engine.lexical import LexicalHead, load_lexical_head
 from mesh.worker.engine.loader import load_model
 from mesh.worker.engine.models.registry import spec_for_config
 from mesh.worker.engine.outputs import finalize
@@ -90,6 +91,8 @@ class Engine:
     pair_shift: int = 0
     # A sparse (SPLADE) model's head: ``embed`` then returns its vocabulary weights.
     sparse: SparseHead | None = field(default=None, kw_only=True)
+    # bge-m3's sparse head (lexical.py): ``embed_lexical`` gives its weights beside ``embed``'s.
+    lexical: LexicalHead | None = field(default=None, kw_only=True)
     # Width of the final hidden states: what a span row (embed_with_spans) holds.
     hidden_size: int = 0
     # A multi-vector head (colbert.py): the linear that span rows "multivector" go through.
@@ -174,19 +177,22 @@ class Engine:
                        sparse=head)  # fmt: skip
         budget = max_batch_tokens or default_max_batch_tokens(device.type, graph_max_tokens)
         hidden_size = int(read_config(model_dir)["hidden_size"])
+        lexical = None
+        if card.lexical:
+            lexical = load_lexical_head(model_dir, int(model.vocab_size), hidden_size, device)
         head = load_multivector(model_dir, card.multivector, device)
         if device.type != "cuda" or attention is not None:
             backend = attention or cpu_backend()
             return cls(
                 card, model, device, model.dtype, budget, backend, kernels=kernels, dense=dense,
-                pair_shift=pair_shift, hidden_size=hidden_size, multivector=head,
+                pair_shift=pair_shift, hidden_size=hidden_size, multivector=head, lexical=lexical,
             )  # fmt: skip
         from mesh.worker.engine.gpu import GpuRunner
 
         runner = GpuRunner(model, card, device, graph_max_tokens, graphs, dense=dense)
         return cls(
             card, model, device, model.dtype, budget, runner.eager_attn, runner, kernels, dense,
-            pair_shift, hidden_size, multivector=head,
+            pair_shift, hidden_size, multivector=head, lexical=lexical,
         )  # fmt: skip
 
     def warmup(self, buckets: list[int]) -> None:
@@ -260,6 +266,23 @@ class Engine:
             if hidden is None:  # an empty batch
                 return pooled, torch.zeros(0, self.hidden_size, device=self.device)
             return pooled, span_means(hidden, spans)
+
+    def embed_lexical(
+        self, ids: np.ndarray, offsets: np.ndarray, skip: np.ndarray | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``embed``'s pooled ``float32 [n, D]`` and, from the same forward, bge-m3's lexical
+        weights ``float32 [n, vocab]`` (:mod:`.lexical`), for a model whose card says
+        ``lexical`` (ValueError for another). On CUDA such a batch runs eagerly, as one with
+        spans does: the graphs keep no hidden states."""
+        if self.lexical is None:
+            raise ValueError(f"model {self.card.name!r} has no lexical weights")
+        pooled, hidden = self._forward(ids, offsets, skip, None, keep_hidden=True)
+        with torch.inference_mode():
+            if hidden is None:  # an empty batch
+                return pooled, torch.zeros(0, self.lexical.vocab, device=self.device)
+            ids_t = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
+            cu = torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.int32)).to(self.device)
+            return pooled, self.lexical(hidden, ids_t, cu)
 
     def project_multivector(self, rows: torch.Tensor) -> torch.Tensor:
         """``float32 [S, H]`` span rows (one token's final hidden state each) through the
