@@ -45,3 +45,17 @@ def test_other_top_k_share_a_batch_in_other_output_groups() -> None:
     [(_, batch)] = h.back.take(BatchAssign)
     assert [(o.top_k, o.threshold) for o in batch.outputs] == [(8, 0.0), (16, 0.0), (8, 0.5)]
     assert batch.output_index.tolist() == [0, 1, 2]
+
+
+def test_a_lexical_embedder_takes_sparse_and_dense_requests_into_one_batch() -> None:
+    h = Harness()
+    h.add_worker(msg=ready(card(lexical=True), credits=1))
+    h.submit(submit(9, [2]))  # takes the only credit; the next two queue into one batch
+    h.submit(_sparse(1, [4]))
+    h.submit(submit(2, [4]))
+    assert not h.front.take(RequestError)
+    [(_, first)] = h.back.take(BatchAssign)
+    h.back.push(b"w1", answer(first))
+    h.pump()
+    [(_, batch)] = h.back.take(BatchAssign)
+    assert sorted(o.kind for o in batch.outputs) == ["float32", "sparse"]

@@ -3,6 +3,7 @@ threshold, no dimensions, and the model's task named when a route does not fit i
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -53,3 +54,11 @@ def test_sparse_options_out_of_bounds_are_invalid_input(dims, top_k, threshold, 
 def test_a_route_the_model_does_not_serve_names_what_it_does(task, asked, says) -> None:
     with pytest.raises(InvalidInput, match=re.escape(says)):
         check_task(_model(task), asked)
+
+
+def test_a_lexical_embedder_serves_embeddings_and_sparse_weights_but_no_scores() -> None:
+    m3 = dataclasses.replace(_model("embed"), lexical=True)
+    check_task(m3, "embed")
+    check_task(m3, "sparse")
+    with pytest.raises(InvalidInput, match="is an embedding model: it has no scores"):
+        check_task(m3, "score")

@@ -32,6 +32,7 @@ def test_a_sound_card_decodes():
         {"prompts": {"q": "query: "}, "default_prompt_name": "passage"},
         {"dims": 0},
         {"max_input_tokens": 0},
+        {"lexical": True},  # a scorer's: lexical weights are an embedder's
     ],
 )
 def test_a_card_the_ingress_could_not_use_is_refused_on_arrival(change):
@@ -44,3 +45,8 @@ def test_a_sparse_card_may_be_as_wide_as_its_vocabulary():
         CARD, task="sparse", dims=250_002, vocab_size=250_002, labels=[], activation=""
     )
     assert decode(encode(_ready(sparse))).model.dims == 250_002
+
+
+def test_a_lexical_embedder_card_decodes():
+    m3 = dataclasses.replace(CARD, task="embed", labels=[], activation="", lexical=True)
+    assert decode(encode(_ready(m3))).model.lexical
