@@ -29,6 +29,7 @@ CARD_FIELDS = (
     "task",  # an embedder and a scorer of one name would answer one request two ways
     "labels",
     "activation",
+    "multivector_dims",  # a worker without the head would fail a batch of colbert vectors
 )
 
 
@@ -39,10 +40,15 @@ def submit_problem(msg: SubmitRequest, info: ModelInfo, lengths: np.ndarray) -> 
     The codec already checked the shapes (offsets rise from 0 to len(token_ids), ids >= 0).
     """
     dims = msg.output.dims
-    if dims is not None and dims > info.dims:
+    if msg.output.rows == "multivector":
+        # The head's width, not the pooled one: past it the worker's batch would fail.
+        if info.multivector_dims <= 0:
+            return f"model {info.name!r} has no multi-vector head"
+        if dims is not None and dims > info.multivector_dims:
+            return f"dimensions {dims} is over the model's {info.multivector_dims} per token"
+    elif dims is not None and dims > info.dims:
         return f"dimensions {dims} is over the model's {info.dims}; ask for at most {info.dims}"
-    # A lexical embedder (bge-m3) gives both; a SPLADE model only sparse weights.
-    if (msg.output.kind == "sparse") != (info.task == "sparse") and not info.lexical:
+    if (msg.output.kind == "sparse") != (info.task == "sparse"):
         does = "gives sparse weights only" if info.task == "sparse" else "has no sparse weights"
         return f"model {info.name!r} {does}; output kind {msg.output.kind!r} does not fit it"
     if msg.segment_b_start is not None and info.task != "score":
