@@ -48,7 +48,8 @@ def submit_problem(msg: SubmitRequest, info: ModelInfo, lengths: np.ndarray) -> 
             return f"dimensions {dims} is over the model's {info.multivector_dims} per token"
     elif dims is not None and dims > info.dims:
         return f"dimensions {dims} is over the model's {info.dims}; ask for at most {info.dims}"
-    if (msg.output.kind == "sparse") != (info.task == "sparse"):
+    # A lexical embedder (bge-m3) gives both; a SPLADE model only sparse weights.
+    if (msg.output.kind == "sparse") != (info.task == "sparse") and not info.lexical:
         does = "gives sparse weights only" if info.task == "sparse" else "has no sparse weights"
         return f"model {info.name!r} {does}; output kind {msg.output.kind!r} does not fit it"
     if msg.segment_b_start is not None and info.task != "score":
