@@ -156,3 +156,31 @@ def test_the_converter_refuses_a_pickle_that_is_not_the_head_or_none_at_all(tmp_
     with pytest.raises(ValueError, match="no sparse_linear.pt nor colbert_linear.pt"):
         convert_m3.convert(tmp_path)
     assert convert_m3.main([]) == 2
+
+
+def test_a_batch_with_spans_and_lexical_weights_gets_both(engine: Engine) -> None:
+    ids, offsets = _packed(engine, TEXTS)
+    lengths = np.diff(offsets)
+    spans_out = OutputOptions(normalize=False, rows="spans")
+    sparse = OutputOptions(normalize=False, kind="sparse", top_k=4)
+    owner = np.array([0, 1, 1, 0, 1], dtype=np.int32)
+    # One span per sequence of the span group: its tokens after the first.
+    spans = np.array([[1, lengths[0]], [1, lengths[3]]], dtype=np.int32)
+    span_offsets = np.array([0, 1, 1, 1, 2, 2], dtype=np.int32)
+    batch = BatchAssign(
+        batch_id=2, model=engine.card.name, timeout_ms=60_000, token_ids=ids, offsets=offsets,
+        outputs=[spans_out, sparse], output_index=owner, spans=spans, span_offsets=span_offsets,
+    )  # fmt: skip
+    batch.validate()
+    pipeline = ResultPipeline(engine, torch.device("cpu"))
+    (span_rows, rows), _ = pipeline.collect(pipeline.launch(batch))
+    _, weights = engine.embed_lexical(ids, offsets)
+    np.testing.assert_array_equal(rows, sparse_rows(weights[owner == 1], 4).numpy())
+    assert span_rows.shape == (2, engine.hidden_size)
+
+
+def test_the_converter_converts_both_of_bge_m3s_pickled_heads(tmp_path: Path) -> None:
+    torch.save({"weight": torch.ones(1, 4), "bias": torch.zeros(1)}, tmp_path / PICKLED_HEAD_FILE)
+    torch.save({"weight": torch.eye(4), "bias": torch.zeros(4)}, tmp_path / "colbert_linear.pt")
+    written = convert_m3.convert(tmp_path)
+    assert [p.name for p in written] == [HEAD_FILE, "colbert_linear.safetensors"]
