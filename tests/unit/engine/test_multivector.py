@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from mesh.client.spans import token_spans
+from mesh.worker.engine import convert_m3
 from mesh.worker.engine.card import read_card
 from mesh.worker.engine.colbert import convert_pickled_head
 from mesh.worker.engine.engine import Engine
@@ -116,6 +117,16 @@ def test_the_converted_pickle_loads_as_the_safetensors_head(m3_dir: Path, tmp_pa
     assert all(torch.equal(converted[k], head[k]) for k in ("weight", "bias"))
     assert read_card(copy).multivector == read_card(m3_dir).multivector
     assert convert_pickled_head(m3_dir) is None
+
+
+def test_the_command_the_refusal_names_converts_a_colbert_only_pickle(
+    m3_dir: Path, tmp_path: Path
+) -> None:
+    copy = shutil.copytree(m3_dir, tmp_path / "m3-cli")
+    torch.save(load_file(str(copy / "colbert_linear.safetensors")), copy / "colbert_linear.pt")
+    (copy / "colbert_linear.safetensors").unlink()
+    assert convert_m3.main([str(copy)]) == 0
+    assert read_card(copy).multivector == read_card(m3_dir).multivector
 
 
 def test_a_colbert_checkpoint_is_refused_naming_its_markers(m3_dir: Path, tmp_path: Path) -> None:
