@@ -290,6 +290,8 @@ def _tei_info() -> Schema:
         "model_type": model_type,
         **dict.fromkeys(counts, INT),
         "auto_truncate": BOOL,
+        # Ours: the width of /embed_multivector's per-token vectors (0: no multi-vector head).
+        "multivector_dims": INT,
         "version": STR,
         "sha": NULLABLE_STR,
         "docker_label": NULLABLE_STR,
