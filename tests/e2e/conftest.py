@@ -123,15 +123,17 @@ def strict_ingress(e2e_mesh: Mesh, ingress: Ingress) -> Iterator[Ingress]:
 
 @contextlib.asynccontextmanager
 async def in_process_ingress(
-    mesh: Mesh, **settings: object
+    mesh: Mesh, models: tuple[str, ...] = (MODEL,), wait_s: float = 30, **settings: object
 ) -> AsyncIterator[tuple[str, MeshClient]]:
-    """``create_app`` on a real port in this process, and its client (for broker stats)."""
+    """``create_app`` on a real port in this process, once every one of ``models`` is served,
+    and its client (for broker stats)."""
     cfg = IngressConfig(brokers=[mesh.frontend], liveness=TEST_LIVENESS, **settings)  # type: ignore[arg-type]
     client = MeshClient(cfg.brokers, liveness=cfg.liveness, default_timeout_s=cfg.request_timeout_s)
     await client.start()
     server = TestServer(create_app(cfg, client), port=free_port())
     try:
-        await client.wait_ready(30, MODEL)
+        for name in models:
+            await client.wait_ready(wait_s, name)
         await server.start_server()  # handler_cancellation=True, as in serve()
         yield f"http://127.0.0.1:{server.port}", client
     finally:

@@ -14,14 +14,10 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestServer
 
-from bench.spawn import free_port
-from mesh.client import MeshClient
-from mesh.ingress.app import create_app
-from mesh.ingress.config import IngressConfig
 from mesh.worker.engine.engine import Engine
-from tests.integration.conftest import TEST_LIVENESS, Mesh
+from tests.e2e.conftest import in_process_ingress
+from tests.integration.conftest import Mesh
 from tests.st_models import build_m3_lexical
 
 M3 = "tiny-m3"
@@ -65,17 +61,8 @@ def _token_ids(m3_dir: Path, texts: list[str]) -> list[list[int]]:
 
 @pytest.fixture
 async def url(m3_mesh: Mesh) -> AsyncIterator[str]:
-    cfg = IngressConfig(brokers=[m3_mesh.frontend], liveness=TEST_LIVENESS)
-    client = MeshClient(cfg.brokers, liveness=cfg.liveness)
-    await client.start()
-    server = TestServer(create_app(cfg, client), port=free_port())
-    try:
-        await client.wait_ready(90, M3)
-        await server.start_server()
-        yield f"http://127.0.0.1:{server.port}"
-    finally:
-        await server.close()
-        await client.close()
+    async with in_process_ingress(m3_mesh, models=(M3,), wait_s=90) as (url, _):
+        yield url
 
 
 async def _post(url: str, path: str, body: object):  # noqa: ANN202

@@ -14,14 +14,10 @@ import aiohttp
 import numpy as np
 import pytest
 import torch
-from aiohttp.test_utils import TestServer
 from safetensors.torch import load_file
 
-from bench.spawn import free_port
-from mesh.client import MeshClient
-from mesh.ingress.app import create_app
-from mesh.ingress.config import IngressConfig
-from tests.integration.conftest import TEST_LIVENESS, Mesh
+from tests.e2e.conftest import in_process_ingress
+from tests.integration.conftest import Mesh
 from tests.st_models import build_m3_colbert, build_tiny_bert
 
 M3, PLAIN = "tiny-m3", "tiny-plain"
@@ -48,18 +44,8 @@ def mv_mesh(dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.fixture
 async def url(mv_mesh: Mesh) -> AsyncIterator[str]:
-    cfg = IngressConfig(brokers=[mv_mesh.frontend], liveness=TEST_LIVENESS)
-    client = MeshClient(cfg.brokers, liveness=cfg.liveness)
-    await client.start()
-    server = TestServer(create_app(cfg, client), port=free_port())
-    try:
-        for name in (M3, PLAIN):
-            await client.wait_ready(90, name)
-        await server.start_server()
-        yield f"http://127.0.0.1:{server.port}"
-    finally:
-        await server.close()
-        await client.close()
+    async with in_process_ingress(mv_mesh, models=(M3, PLAIN), wait_s=90) as (url, _):
+        yield url
 
 
 async def _call(url: str, method: str, path: str, body: object, model: str):  # noqa: ANN202

@@ -15,12 +15,9 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestServer
 
-from bench.spawn import free_port
 from mesh.client import MeshClient
-from mesh.ingress.app import create_app
-from mesh.ingress.config import IngressConfig
+from tests.e2e.conftest import in_process_ingress
 from tests.integration.conftest import TEST_LIVENESS, Mesh
 from tests.st_models import MAX_TOKENS, build_cross_encoder, build_st_model, build_tiny_bert
 
@@ -63,18 +60,11 @@ def ce_mesh(dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.fixture
 async def url(ce_mesh: Mesh) -> AsyncIterator[str]:
-    cfg = IngressConfig(brokers=[ce_mesh.frontend], liveness=TEST_LIVENESS)
-    client = MeshClient(cfg.brokers, liveness=cfg.liveness)
-    await client.start()
-    server = TestServer(create_app(cfg, client), port=free_port())
-    try:
-        for name in (RERANKER, CLASSIFIER, EMBEDDER):
-            await client.wait_ready(90, name)
-        await server.start_server()
-        yield f"http://127.0.0.1:{server.port}"
-    finally:
-        await server.close()
-        await client.close()
+    async with in_process_ingress(ce_mesh, models=(RERANKER, CLASSIFIER, EMBEDDER), wait_s=90) as (
+        url,
+        _,
+    ):
+        yield url
 
 
 async def _post(url: str, path: str, body: object, model: str | None = None):  # noqa: ANN202

@@ -13,14 +13,10 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestServer
 
-from bench.spawn import free_port
-from mesh.client import MeshClient
 from mesh.config import SPARSE_TOP_K, SPARSE_TOP_K_MAX
-from mesh.ingress.app import create_app
-from mesh.ingress.config import IngressConfig
-from tests.integration.conftest import TEST_LIVENESS, Mesh
+from tests.e2e.conftest import in_process_ingress
+from tests.integration.conftest import Mesh
 from tests.st_models import build_splade, build_st_model, build_tiny_bert
 
 SPARSE, DENSE = "tiny-splade", "tiny-dense"
@@ -61,18 +57,8 @@ def reference(dirs: dict[str, Path]) -> np.ndarray:
 
 @pytest.fixture
 async def url(sparse_mesh: Mesh) -> AsyncIterator[str]:
-    cfg = IngressConfig(brokers=[sparse_mesh.frontend], liveness=TEST_LIVENESS)
-    client = MeshClient(cfg.brokers, liveness=cfg.liveness)
-    await client.start()
-    server = TestServer(create_app(cfg, client), port=free_port())
-    try:
-        for name in (SPARSE, DENSE):
-            await client.wait_ready(90, name)
-        await server.start_server()
-        yield f"http://127.0.0.1:{server.port}"
-    finally:
-        await server.close()
-        await client.close()
+    async with in_process_ingress(sparse_mesh, models=(SPARSE, DENSE), wait_s=90) as (url, _):
+        yield url
 
 
 async def _post(url: str, path: str, body: object, model: str | None = None):  # noqa: ANN202

@@ -13,13 +13,9 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestServer
 
-from bench.spawn import free_port
-from mesh.client import MeshClient
-from mesh.ingress.app import create_app
-from mesh.ingress.config import IngressConfig
-from tests.integration.conftest import TEST_LIVENESS, Mesh
+from tests.e2e.conftest import in_process_ingress
+from tests.integration.conftest import Mesh
 from tests.st_models import PROMPTS, DenseSpec, build_st_model, build_tiny_bert
 
 NAME = "tiny-st"
@@ -47,17 +43,8 @@ def st_mesh(st_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 @pytest.fixture
 async def url(st_mesh: Mesh) -> AsyncIterator[str]:
-    cfg = IngressConfig(brokers=[st_mesh.frontend], liveness=TEST_LIVENESS)
-    client = MeshClient(cfg.brokers, liveness=cfg.liveness)
-    await client.start()
-    server = TestServer(create_app(cfg, client), port=free_port())
-    try:
-        await client.wait_ready(60, NAME)
-        await server.start_server()
-        yield f"http://127.0.0.1:{server.port}"
-    finally:
-        await server.close()
-        await client.close()
+    async with in_process_ingress(st_mesh, models=(NAME,), wait_s=60) as (url, _):
+        yield url
 
 
 async def _embed(url: str, **extra: object) -> tuple[int, dict]:
