@@ -31,32 +31,57 @@ class DenseSpec:
 def build_tiny_bert(path: Path, seed: int = 3, hidden: int = HIDDEN, heads: int = 4) -> Path:
     """A tiny BertModel with noticeable random weights and a real WordPiece tokenizer
     (``hidden // heads`` of 32 or more for FlashInfer on the GPU)."""
-    import torch
     import transformers
 
-    from mesh.worker.engine.card import default_model_path
+    _save_random(path, seed, lambda: transformers.BertModel(_config("bert", hidden, heads)))
+    return path
 
-    config = transformers.BertConfig(
+
+def _config(kind: str, hidden: int, heads: int, **extra: object):  # noqa: ANN202
+    """A 2-layer config of ``kind`` ("bert" or "xlm-roberta") with the MiniLM tokenizer's
+    vocabulary; XLM-R counts positions from its pad id (1) on, so it needs two more."""
+    import transformers
+
+    shape = dict(
         vocab_size=30522,  # the MiniLM tokenizer's
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=2,
         num_attention_heads=heads,
-        max_position_embeddings=MAX_TOKENS,
     )
+    if kind == "bert":
+        return transformers.BertConfig(max_position_embeddings=MAX_TOKENS, **shape, **extra)
+    return transformers.XLMRobertaConfig(
+        max_position_embeddings=MAX_TOKENS + 2, type_vocab_size=1, pad_token_id=1, **shape, **extra
+    )
+
+
+def _save_random(path: Path, seed: int, make, special=None):  # noqa: ANN001, ANN202
+    """Build ``make()`` under ``seed``, give it noticeable random weights (LayerNorm weights near
+    1; ``special(name, noise)``, when given and not None, sets a parameter its own way), and
+    save it with the embedded MiniLM's tokenizer at ``path``. Returns the model and the
+    generator, for heads drawn after it."""
+    import torch
+    import transformers
+
+    from mesh.worker.engine.card import default_model_path
+
     torch.manual_seed(seed)
-    model = transformers.BertModel(config).eval()
+    model = make().eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen)
+            value = special(name, noise) if special is not None else None
             if p.dim() == 1 and "layernorm" in name.lower():
                 p.copy_(1.0 + 0.2 * noise if name.endswith("weight") else 0.1 * noise)
+            elif value is not None:
+                p.copy_(value)
             else:
                 p.copy_(0.1 * noise)
     model.save_pretrained(path, safe_serialization=True)
     transformers.AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(path)
-    return path
+    return model, gen
 
 
 def build_st_model(
@@ -104,38 +129,22 @@ def build_cross_encoder(
     tokenizer) saved as sentence-transformers' ``CrossEncoder`` saves it, with its default
     activation (Sigmoid for one label, Identity for several) in its config; the plain
     transformers save is beside it, at ``<path>-hf``."""
-    import torch
     import transformers
     from sentence_transformers import CrossEncoder
 
-    from mesh.worker.engine.card import default_model_path
-
     labels = {i: f"label_{'abc'[i]}" if num_labels > 1 else "LABEL_0" for i in range(num_labels)}
-    config = transformers.BertConfig(
-        vocab_size=30522,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=heads,
-        max_position_embeddings=MAX_TOKENS,
-        num_labels=num_labels,
-        id2label=labels,
+    config = _config(
+        "bert", hidden, heads, num_labels=num_labels, id2label=labels,
         label2id={v: k for k, v in labels.items()},
-    )
-    torch.manual_seed(seed)
-    model = transformers.BertForSequenceClassification(config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if p.dim() == 1 and "layernorm" in name.lower():
-                p.copy_(1.0 + 0.2 * noise if name.endswith("weight") else 0.1 * noise)
-            else:
-                # Token types get a large row so that a wrong type shows in every score.
-                p.copy_((0.5 if "token_type" in name else 0.1) * noise)
+    )  # fmt: skip
     raw = path.with_name(path.name + "-hf")
-    model.save_pretrained(raw, safe_serialization=True)
-    transformers.AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(raw)
+    _save_random(
+        raw,
+        seed,
+        lambda: transformers.BertForSequenceClassification(config),
+        # Token types get a large row so that a wrong type shows in every score.
+        lambda name, noise: 0.5 * noise if "token_type" in name else None,
+    )
     CrossEncoder(str(raw), device="cpu", max_length=MAX_TOKENS).save(str(path))
     return path
 
@@ -145,39 +154,30 @@ def build_splade(path: Path, seed: int = 13, hidden: int = HIDDEN, heads: int = 
     decoder tied to the word embeddings) saved as sentence-transformers' ``SparseEncoder`` saves
     a SPLADE model: ``MLMTransformer`` then ``SpladePooling`` (max, relu). The MLM head's bias
     is shifted down so that, as in a trained SPLADE model, most vocabulary weights are zero."""
-    import torch
     import transformers
     from sentence_transformers import SparseEncoder
     from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling
 
-    from mesh.worker.engine.card import default_model_path
-
-    config = transformers.BertConfig(
-        vocab_size=30522,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=heads,
-        max_position_embeddings=MAX_TOKENS,
-    )
-    torch.manual_seed(seed)
-    model = transformers.BertForMaskedLM(config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if p.dim() == 1 and "layernorm" in name.lower():
-                p.copy_(1.0 + 0.2 * noise if name.endswith("weight") else 0.1 * noise)
-            elif name == "cls.predictions.bias":
-                p.copy_(noise - 3.0)
-            else:
-                p.copy_(0.1 * noise)
     raw = path.with_name(path.name + "-hf")
-    model.save_pretrained(raw, safe_serialization=True)
-    transformers.AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(raw)
+    _save_random(
+        raw,
+        seed,
+        lambda: transformers.BertForMaskedLM(_config("bert", hidden, heads)),
+        lambda name, noise: noise - 3.0 if name == "cls.predictions.bias" else None,
+    )
     mlm = MLMTransformer(str(raw), max_seq_length=MAX_TOKENS)
     SparseEncoder(modules=[mlm, SpladePooling("max")], device="cpu").save(str(path))
     return path
+
+
+def _save_xlm_roberta(path: Path, seed: int, hidden: int, heads: int):  # noqa: ANN202
+    """bge-m3's backbone in small (an ``XLMRobertaModel`` without pooler) saved at ``path``;
+    the generator, for its heads."""
+    import transformers
+
+    config = _config("xlm-roberta", hidden, heads)
+    make = lambda: transformers.XLMRobertaModel(config, add_pooling_layer=False)  # noqa: E731
+    return _save_random(path, seed, make)[1]
 
 
 def build_m3_colbert(path: Path, seed: int = 17, hidden: int = HIDDEN, heads: int = 4) -> Path:
@@ -185,33 +185,9 @@ def build_m3_colbert(path: Path, seed: int = 17, hidden: int = HIDDEN, heads: in
     with bge-m3's colbert head beside it as FlagEmbedding ships it, converted:
     ``colbert_linear.safetensors`` (``Linear(hidden, hidden)``, with bias)."""
     import torch
-    import transformers
     from safetensors.torch import save_file
 
-    from mesh.worker.engine.card import default_model_path
-
-    config = transformers.XLMRobertaConfig(
-        vocab_size=30522,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=heads,
-        max_position_embeddings=MAX_TOKENS + 2,
-        type_vocab_size=1,
-        pad_token_id=1,
-    )
-    torch.manual_seed(seed)
-    model = transformers.XLMRobertaModel(config, add_pooling_layer=False).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if p.dim() == 1 and "layernorm" in name.lower():
-                p.copy_(1.0 + 0.2 * noise if name.endswith("weight") else 0.1 * noise)
-            else:
-                p.copy_(0.1 * noise)
-    model.save_pretrained(path, safe_serialization=True)
-    transformers.AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(path)
+    gen = _save_xlm_roberta(path, seed, hidden, heads)
     head = {
         "weight": 0.2 * torch.randn(hidden, hidden, generator=gen),
         "bias": 0.1 * torch.randn(hidden, generator=gen),
@@ -228,34 +204,10 @@ def build_m3_lexical(
     Normalize), with its lexical head beside it: ``sparse_linear.safetensors`` (``weight [1,
     hidden]``, ``bias [1]``), or FlagEmbedding's ``sparse_linear.pt`` alone when ``pickled``."""
     import torch
-    import transformers
     from safetensors.torch import save_file
 
-    from mesh.worker.engine.card import default_model_path
-
-    config = transformers.XLMRobertaConfig(
-        vocab_size=30522,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=heads,
-        max_position_embeddings=MAX_TOKENS + 2,
-        type_vocab_size=1,
-        pad_token_id=1,
-    )
-    torch.manual_seed(seed)
-    model = transformers.XLMRobertaModel(config, add_pooling_layer=False).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if p.dim() == 1 and "layernorm" in name.lower():
-                p.copy_(1.0 + 0.2 * noise if name.endswith("weight") else 0.1 * noise)
-            else:
-                p.copy_(0.1 * noise)
     raw = path.with_name(path.name + "-raw")
-    model.save_pretrained(raw, safe_serialization=True)
-    transformers.AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(raw)
+    gen = _save_xlm_roberta(raw, seed, hidden, heads)
     build_st_model(raw, path, pooling="cls", normalize=True)
     # A bias that leaves some tokens at relu's zero and others well above it.
     head = {"weight": torch.randn(1, hidden, generator=gen), "bias": torch.tensor([0.3])}
