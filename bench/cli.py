@@ -375,6 +375,7 @@ def main(**o: Any) -> None:
         _bench_config(report, spawn_args, o)
     click.echo(report.table())
     if o["json_path"]:
+        o["json_path"].parent.mkdir(parents=True, exist_ok=True)  # not an hour's run lost to it
         o["json_path"].write_bytes(report.as_json())
     _plot(report, o)
     sys.stdout.flush()

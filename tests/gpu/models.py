@@ -73,3 +73,23 @@ def qwen3_dir(path: Path, causal: bool = True, vocab_size: int = 151936, seed: i
 def _init_device() -> str:
     # Random init of 0.6B parameters takes minutes on a slow host's CPUs, a second on GPU.
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def bert_base_cross_encoder_dir(path: Path, tokenizer_from: Path, seed: int = 0) -> Path:
+    """A BERT-base-shape ``BertForSequenceClassification`` (one label: sentence-transformers'
+    ``CrossEncoder`` applies a sigmoid) with random weights and a real WordPiece tokenizer
+    (``tokenizer_from``: a BERT-uncased directory such as the embedded MiniLM), so the rerank
+    benchmark sends real text: issue 12's "BERT-base-shape cross-encoder"."""
+    import shutil
+
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(vocab_size=30522, num_labels=1, **BERT_BASE)
+    with torch.device(_init_device()):
+        model = transformers.BertForSequenceClassification(config).eval()
+    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tokenizer_from / name).exists():
+            shutil.copy(tokenizer_from / name, path / name)
+    return path

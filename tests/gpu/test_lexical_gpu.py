@@ -69,6 +69,11 @@ def test_bf16_lexical_weights_match_fp32_flag_embedding_formula_on_the_gpu(
     ours = weights.cpu().numpy()
     ref = _reference(model_dir, ids, offsets, engine.vocab_size)
     for got, want in zip(ours, ref, strict=True):
+        if not want.any():
+            # Every non-special token's relu'd weight is 0 in fp32 (one-word text "a" has a
+            # single such token): bf16 may round a weight just above 0, nothing more.
+            assert got.max() < 0.05 * max(float(ref.max()), 1e-6), got.max()
+            continue
         cos = got @ want / (np.linalg.norm(got) * np.linalg.norm(want))
         assert cos >= 0.999, cos
         # Ids whose fp32 weight is clearly above zero are kept, and only near-zero ones differ.
@@ -77,9 +82,9 @@ def test_bf16_lexical_weights_match_fp32_flag_embedding_formula_on_the_gpu(
             np.flatnonzero(np.maximum(got, want) < 0.05 * want.max())
         )
     rows = sparse_rows(weights, top_k=8).cpu().numpy()
-    for row in rows:
+    for row, w in zip(rows, weights.cpu().numpy(), strict=True):
         kept = row[8:] > 0
-        assert kept.any() and np.all(np.diff(row[:8][kept]) > 0)
+        assert kept.any() == w.any() and np.all(np.diff(row[:8][kept]) > 0)
     # The eager forward's pooled vectors are the graph path's.
     dense = engine.embed(ids, offsets).float()
     cos = torch.nn.functional.cosine_similarity(pooled.float(), dense, dim=1)

