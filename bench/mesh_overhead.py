@@ -14,6 +14,8 @@ this host, which is the bar column (3) of the GPU benchmark cannot pass.
     python bench/mesh_overhead.py --transport ipc --inline-max-ms 0   # as --role all; no
                                                       # inline path (docs/benchmarks.md)
     python bench/mesh_overhead.py --model DIR --device cuda   # a real engine in the worker
+    python bench/mesh_overhead.py --idle 2000 --transport ipc  # one 16-token query at a time:
+                                                      # the mesh's own idle cost, per hop
 """
 
 from __future__ import annotations
@@ -106,6 +108,37 @@ def random_ids(lengths: np.ndarray) -> list[np.ndarray]:
     return [rng.integers(1000, VOCAB, size=int(n), dtype=np.int32) for n in lengths]
 
 
+async def idle_queries(front: str, count: int) -> dict:
+    """``count`` single 16-token queries, one at a time after 200 of warm-up: the latency a
+    client sees and the per-hop p50s its results carry (``EmbedResult.timings``)."""
+    import uvloop
+
+    from bench.stats import percentile
+    from mesh.client import MeshClient
+
+    uvloop.install()  # as the ingress runs its loop
+    client = MeshClient(front, default_timeout_s=60)
+    await client.start()
+    await client.wait_ready(120, model="null")
+    ids = np.array([101, *range(2000, 2014), 102], dtype=np.int32)
+    offsets = np.array([0, len(ids)], dtype=np.int32)
+    lat: list[float] = []
+    hops: dict[str, list[float]] = {}
+    for i in range(200 + count):
+        t = time.perf_counter()
+        result = await client.embed_tokens(ids, offsets, model="null")
+        if i >= 200:
+            lat.append((time.perf_counter() - t) * 1000)
+            for name, ms in result.timings.items():
+                hops.setdefault(name, []).append(ms)
+    await client.close()
+    return {
+        "p50_ms": percentile(lat, 50),
+        "p90_ms": percentile(lat, 90),
+        "hops_p50_ms": {k: round(percentile(v, 50), 3) for k, v in hops.items()},
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch-ms", type=float, default=0.0)
@@ -120,6 +153,10 @@ def main() -> None:
         default=INLINE_MAX_MS,
         help="the worker's WorkerOptions.inline_max_ms (0: every batch through its threads)",
     )
+    ap.add_argument(
+        "--idle", type=int, default=0, metavar="N",
+        help="instead: N single 16-token queries one at a time; p50/p90 and per-hop p50",
+    )  # fmt: skip
     ap.add_argument("--model", help="serve this model directory instead of the null engine")
     ap.add_argument("--device", default="cpu", help="the --model engine's device")
     ap.add_argument("--worker", metavar="BACKEND", help=argparse.SUPPRESS)
@@ -145,6 +182,19 @@ def main() -> None:
     try:
         pids = {"client": os.getpid(), "broker": procs[0].pid, "worker": procs[1].pid}
         lengths = workload(args.texts)
+        if args.idle:
+            prof = None
+            if os.environ.get("IDLE_PROFILE"):
+                import cProfile
+
+                prof = cProfile.Profile()
+                prof.enable()
+            result = asyncio.run(idle_queries(front, args.idle))
+            if prof is not None:
+                prof.disable()
+                prof.dump_stats(os.environ["IDLE_PROFILE"])
+            print(json.dumps(result))
+            return
         result = asyncio.run(
             drive_mesh(
                 front,

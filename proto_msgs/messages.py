@@ -146,6 +146,11 @@ class ModelInfo:
     # Width of a per-token vector of the model's multi-vector head (rows "multivector": bge-m3's
     # colbert vectors); 0 when it has none (and from a worker from before the head).
     multivector_dims: int = 0
+    # Filled in by the broker in its catalog, like ``workers``: the largest batch budget
+    # (tokens, requests) among the model's live workers; 0 when unknown (an older broker).
+    # Not a promise of the card: workers of one model may be started with other budgets.
+    max_batch_tokens: int = 0
+    max_batch_requests: int = 0
 
     def check(self, where: str) -> None:
         """What a peer's card must hold for the ingress to use it without failing later: a
@@ -166,6 +171,8 @@ class ModelInfo:
             raise ProtocolError(f"{where}: lexical weights are an embedder's (task embed)")
         if not 0 <= self.multivector_dims <= limits.MAX_DIMS:
             raise ProtocolError(f"{where}: multivector_dims out of range")
+        if self.max_batch_tokens < 0 or self.max_batch_requests < 0:
+            raise ProtocolError(f"{where}: batch limits must be >= 0")
         if self.default_prompt_name is not None and self.default_prompt_name not in self.prompts:
             raise ProtocolError(f"{where}: default_prompt_name is not one of its prompts")
 

@@ -125,12 +125,19 @@ class Registry:
         return sum(w.rate for w in self.workers.values() if w.model.name == model)
 
     def catalog(self) -> list[ModelInfo]:
-        """Models with at least one live worker, with their worker counts."""
-        counts: dict[str, int] = {}
+        """Models with at least one live worker, with their worker counts and the largest
+        batch budget among those workers (what TEI's /info reports)."""
+        live: dict[str, list[WorkerState]] = {}
         for w in self.workers.values():
-            counts[w.model.name] = counts.get(w.model.name, 0) + 1
+            live.setdefault(w.model.name, []).append(w)
         out = []
-        for name, n in counts.items():
+        for name, workers in live.items():
             info = self.known_models[name]
-            out.append(ModelInfo(**{**info.__dict__, "aliases": list(info.aliases), "workers": n}))
+            now = {
+                "aliases": list(info.aliases),
+                "workers": len(workers),
+                "max_batch_tokens": max(w.max_batch_tokens for w in workers),
+                "max_batch_requests": max(w.max_batch_requests for w in workers),
+            }
+            out.append(ModelInfo(**{**info.__dict__, **now}))
         return out

@@ -265,9 +265,9 @@ def model_type(model: ModelInfo) -> dict[str, object]:
 
 
 def info_doc(model: ModelInfo, state: IngressState) -> dict[str, object]:
-    """TEI's ``Info``. The worker's dtype and batch budget are not in the catalog: the dtype
-    is "unknown" and the batch limits are the mesh's defaults (a worker may be started with
-    others)."""
+    """TEI's ``Info``. The batch limits are the largest budget among the model's live
+    workers, as the broker's catalog says (the mesh's CPU defaults from a broker too old to
+    say); the worker's dtype is not in the catalog, so it is "unknown"."""
     cfg = state.cfg
     return {
         "model_id": next((a for a in model.aliases if "/" in a), model.name),
@@ -277,8 +277,8 @@ def info_doc(model: ModelInfo, state: IngressState) -> dict[str, object]:
         "model_type": model_type(model),
         "max_concurrent_requests": MAX_CONCURRENT_REQUESTS,
         "max_input_length": model.max_input_tokens,
-        "max_batch_tokens": MAX_BATCH_TOKENS_CPU,
-        "max_batch_requests": MAX_BATCH_REQUESTS,
+        "max_batch_tokens": model.max_batch_tokens or MAX_BATCH_TOKENS_CPU,
+        "max_batch_requests": model.max_batch_requests or MAX_BATCH_REQUESTS,
         "max_client_batch_size": cfg.max_inputs,
         "auto_truncate": cfg.auto_truncate,
         "tokenization_workers": cfg.tokenizer_threads,

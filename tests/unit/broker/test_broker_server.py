@@ -336,3 +336,15 @@ def test_a_peer_repeating_a_refused_ready_is_warned_about_once(caplog):
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert h.broker.refused_workers == 50
     assert len(warnings) == 1 and "refusing worker bad" in warnings[0].getMessage()
+
+
+def test_the_catalog_reports_the_largest_batch_budget_among_live_workers():
+    h = Harness()
+    h.add_worker(b"w1", ready(max_batch_tokens=64, max_batch_requests=16))
+    h.add_worker(b"w2", ready(max_batch_tokens=512, max_batch_requests=4))
+    served = catalog(h)["m"]
+    assert (served.max_batch_tokens, served.max_batch_requests, served.workers) == (512, 16, 2)
+    h.back.push(b"w2", Disconnect(reason="bye"))
+    h.pump()
+    served = catalog(h)["m"]
+    assert (served.max_batch_tokens, served.max_batch_requests, served.workers) == (64, 16, 1)

@@ -17,7 +17,8 @@ from tests.unit.ingress.test_ingress_app import MODEL, FakeClient, serve
 
 OTHER = ModelInfo(
     name="other", aliases=[], dims=4, max_input_tokens=16, vocab_size=100, pooling="cls",
-    normalize=True, tokenizer_digest="e", workers=1,
+    normalize=True, tokenizer_digest="e", workers=1, max_batch_tokens=16384,
+    max_batch_requests=128,
 )  # fmt: skip
 TIMING = ["x-compute-time", "x-total-time", "x-tokenization-time", "x-queue-time",
           "x-inference-time", "x-compute-tokens", "x-compute-characters"]  # fmt: skip
@@ -142,8 +143,12 @@ async def test_tei_model_is_the_default_when_several_are_served(fake) -> None:
     http = await serve(fake, tei_model="other")
     resp = await http.get("/info")
     assert resp.status == 200 and (await resp.json())["served_model_name"] == "other"
+    other = await resp.json()
+    # The batch limits are the catalog's (its workers' largest budget), else the defaults.
+    assert (other["max_batch_tokens"], other["max_batch_requests"]) == (16384, 128)
     resp = await http.get("/info", headers={MODEL_HEADER: "tiny"})
-    assert (await resp.json())["served_model_name"] == "tiny"
+    tiny = await resp.json()
+    assert tiny["served_model_name"] == "tiny" and tiny["max_batch_tokens"] == 8192
     await http.close()
 
 
