@@ -37,7 +37,7 @@ bert_base_cross_encoder_dir(Path(sys.argv[1]), Path(".carry/minilm"))
 PY
   python3 -m bench.rerank --model "$ce" --device cuda \
     --mesh-args "--device cuda --warmup-buckets 16,32,64,128,256" \
-    --requests "${RERANK_REQUESTS:-400}" --concurrency 16 >"$out/rerank.json" 2>"$out/rerank.log"
+    --requests "${RERANK_REQUESTS:-1000}" --concurrency 16 >"$out/rerank.json" 2>"$out/rerank.log"
   cat "$out/rerank.json"
 fi
 
@@ -46,7 +46,7 @@ if has hops; then
     extra=""; [ "$procs" = 1 ] && extra="--ingress-procs 1"
     python3 -m bench.cli --no-baseline --engine-budgets '' \
       --spawn "--device cuda --model .carry/minilm --warmup-buckets 16,32,64,128,256 $extra" \
-      --model-name minilm --encoding-format base64 --mode hops --latency-requests 300 \
+      --model-name all-MiniLM-L6-v2 --encoding-format base64 --mode hops --latency-requests 300 \
       --json "$out/hops-$procs/hops.json" >"$out/hops-$procs.log" 2>&1
     grep -A3 "^hops in" "$out/hops-$procs.log" | head -n 4
   done
