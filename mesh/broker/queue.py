@@ -229,6 +229,7 @@ class Queue:
         now: float,
         bulk_cap: int | None = None,
         bulk_held: int = 0,
+        bulk_split: int = 1,
     ) -> FormedBatch | None:
         """Cut the next batch for a worker of ``model``; None when there is nothing to report.
 
@@ -240,6 +241,10 @@ class Queue:
         ``bulk_held`` already plus this batch's, stay within ``bulk_cap`` (when given), so a
         query arriving next waits behind about one batch, not behind every credit's worth.
         The batch lane still gets ``bulk_cap`` in flight per worker: it slows, never starves.
+        That cap is cut into ``bulk_split`` batches (the worker's credits) of at most
+        ``bulk_cap / bulk_split`` tokens each: a query then waits behind the same tokens, but
+        the worker holds a second bulk batch to start while the first one's reply travels,
+        instead of idling for that round trip (issue 8: bulk kept 0.79-0.84 of its rate alone).
         """
         if max_batch_tokens < 1 or max_batch_requests < 1:
             raise ValueError("a batch budget needs at least one token and one sequence")
@@ -248,7 +253,8 @@ class Queue:
             return None
         room = max_batch_tokens  # for batch-lane tokens in this batch
         if bulk_cap is not None and self._live(mq, now):
-            room = min(room, bulk_cap - bulk_held)
+            share = -(-bulk_cap // max(1, bulk_split))  # ceil: the split never loses a token
+            room = min(room, bulk_cap - bulk_held, share)
         batch = FormedBatch()
         head = self._head(mq, Lane.BATCH, now, batch)
         aged = head is not None and now - head.request.submitted_at >= self.aging_s

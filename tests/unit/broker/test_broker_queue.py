@@ -409,6 +409,24 @@ def test_bulk_held_by_a_worker_is_capped_while_live_and_interactive_work_is_not(
     assert batch.bulk_tokens == 90
 
 
+def test_the_live_bulk_cap_is_split_over_the_workers_credits(make_request):
+    queue = Queue(BIG, aging_s=10.0, live_window_s=1.0)
+    queue.submit(make_request([5] * 20, lane=Lane.BATCH), now=0.0)
+    queue.submit(make_request([5]), now=0.0)
+    # Two credits: the cap of 30 becomes two bulk batches of 15, so the second is there to
+    # start while the first's reply travels; the query still waits behind 30 tokens at most.
+    first = queue.form_batch("m", 100, 100, now=0.0, bulk_cap=30, bulk_held=0, bulk_split=2)
+    assert spans(first) == [(2, 0, 1), (1, 0, 3)] and first.bulk_tokens == 15
+    second = queue.form_batch("m", 100, 100, now=0.0, bulk_cap=30, bulk_held=15, bulk_split=2)
+    assert second.bulk_tokens == 15
+    assert queue.form_batch("m", 100, 100, now=0.0, bulk_cap=30, bulk_held=30, bulk_split=2) is None
+    # An odd cap loses no token to the split (ceil), and one credit keeps the whole cap.
+    third = queue.form_batch("m", 100, 100, now=0.5, bulk_cap=31, bulk_held=0, bulk_split=2)
+    assert third.bulk_tokens == 15  # whole sequences of 5 within 16
+    whole = queue.form_batch("m", 100, 100, now=0.5, bulk_cap=30, bulk_held=0, bulk_split=1)
+    assert whole.bulk_tokens == 30
+
+
 def test_an_aged_bulk_head_shares_the_cap_while_live(make_request):
     queue = Queue(BIG, aging_s=1.0, live_window_s=1.0)
     queue.submit(make_request([4] * 10, lane=Lane.BATCH), now=0.0)

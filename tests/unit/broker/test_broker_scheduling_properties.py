@@ -110,18 +110,22 @@ class SchedulingMachine(RuleBasedStateMachine):
         cap=st.integers(1, 12),
         worker=st.sampled_from(WORKERS),
         bulk_cap=st.none() | st.integers(1, 150),
+        split=st.integers(1, 3),
     )
-    def form_batch(self, model, budget, cap, worker, bulk_cap) -> None:
-        self.form(model, budget, cap, worker, bulk_cap)
+    def form_batch(self, model, budget, cap, worker, bulk_cap, split) -> None:
+        self.form(model, budget, cap, worker, bulk_cap, split)
 
-    def form(self, model: str, budget: int, cap: int, worker: bytes, bulk_cap=None) -> None:
+    def form(
+        self, model: str, budget: int, cap: int, worker: bytes, bulk_cap=None, split: int = 1
+    ) -> None:
         aged, waiting = self.live_head(model, Lane.BATCH), self.live_head(model, Lane.INTERACTIVE)
         if aged is None or waiting is None or self.now - aged[0].submitted_at < AGING_S:
             aged = None
         held = self.inflight.bulk_tokens(worker)
         capped = bulk_cap is not None and self.queue.live(model, self.now)
-        room = min(budget, bulk_cap - held) if capped else budget
-        batch = self.queue.form_batch(model, budget, cap, self.now, bulk_cap, held)
+        share = -(-bulk_cap // split) if capped else budget
+        room = min(budget, bulk_cap - held, share) if capped else budget
+        batch = self.queue.form_batch(model, budget, cap, self.now, bulk_cap, held, split)
         if batch is None:
             if not capped or room > 0:
                 assert all(self.live_head(model, lane) is None for lane in Lane)
@@ -138,7 +142,7 @@ class SchedulingMachine(RuleBasedStateMachine):
         if capped:
             # Over the cap only by one head sequence that had to start an empty share.
             one = sum(p.end - p.start for p in bulk) == 1 and held < bulk_cap
-            within = held + batch.bulk_tokens <= bulk_cap
+            within = held + batch.bulk_tokens <= bulk_cap and batch.bulk_tokens <= share
             assert not batch.bulk_tokens or within or one, "bulk held within the cap"
         if aged is not None and aged[0].live and room > 0:
             assert batch.slices[0].request is aged[0], "an aged batch-lane head goes first"
