@@ -241,10 +241,12 @@ class Queue:
         ``bulk_held`` already plus this batch's, stay within ``bulk_cap`` (when given), so a
         query arriving next waits behind about one batch, not behind every credit's worth.
         The batch lane still gets ``bulk_cap`` in flight per worker: it slows, never starves.
-        That cap is cut into ``bulk_split`` batches (the worker's credits) of at most
-        ``bulk_cap / bulk_split`` tokens each: a query then waits behind the same tokens, but
-        the worker holds a second bulk batch to start while the first one's reply travels,
-        instead of idling for that round trip (issue 8: bulk kept 0.79-0.84 of its rate alone).
+        That cap is cut into ``bulk_split`` batches of at most ``bulk_cap / bulk_split``
+        tokens each (the broker passes the worker's credits less one, so one credit stays
+        free for the query): a query then waits behind the same tokens, but a worker with
+        three credits holds a second bulk batch to start while the first one's reply
+        travels, instead of idling for that round trip (issue 8: with the cap whole, bulk
+        kept 0.79-0.84 of its solo rate).
         """
         if max_batch_tokens < 1 or max_batch_requests < 1:
             raise ValueError("a batch budget needs at least one token and one sequence")

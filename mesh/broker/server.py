@@ -283,7 +283,8 @@ class Broker:
                     now,
                     bulk_cap=worker.bulk_cap(self.opts.live_bulk_batches, self.opts.live_bulk_ms),
                     bulk_held=self.inflight.bulk_tokens(worker.identity),
-                    bulk_split=worker.credits,
+                    # One credit stays free for live work; bulk shares the others.
+                    bulk_split=max(1, worker.credits - 1),
                 )
                 if formed is None:
                     continue  # nothing this worker may take now; another may hold less bulk

@@ -413,8 +413,9 @@ def test_the_live_bulk_cap_is_split_over_the_workers_credits(make_request):
     queue = Queue(BIG, aging_s=10.0, live_window_s=1.0)
     queue.submit(make_request([5] * 20, lane=Lane.BATCH), now=0.0)
     queue.submit(make_request([5]), now=0.0)
-    # Two credits: the cap of 30 becomes two bulk batches of 15, so the second is there to
-    # start while the first's reply travels; the query still waits behind 30 tokens at most.
+    # Split in two (a worker of three credits: one stays free for queries): the cap of 30
+    # becomes two bulk batches of 15, so the second is there to start while the first's
+    # reply travels; a query still waits behind 30 tokens at most.
     first = queue.form_batch("m", 100, 100, now=0.0, bulk_cap=30, bulk_held=0, bulk_split=2)
     assert spans(first) == [(2, 0, 1), (1, 0, 3)] and first.bulk_tokens == 15
     second = queue.form_batch("m", 100, 100, now=0.0, bulk_cap=30, bulk_held=15, bulk_split=2)
