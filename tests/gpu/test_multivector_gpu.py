@@ -1,7 +1,8 @@
-"""bge-m3's colbert vectors on CUDA in bf16: a batch asking for them runs eagerly (a span batch),
-the head runs in fp32 on the device, and each token's vector equals FlagEmbedding's formula on
-transformers' fp32 hidden states on the GPU (cos >= 0.999 per vector); a plain group of the
-same batch gets its pooled rows."""
+"""bge-m3's colbert vectors on CUDA in bf16: a batch asking for them is a span batch (its
+bucket's first runs eagerly, the next replays the bucket's span graph), the head runs in fp32 on
+the device, and each token's vector equals FlagEmbedding's formula on transformers' fp32 hidden
+states on the GPU (cos >= 0.999 per vector), eager and replayed; a plain group of the same
+batch gets its pooled rows."""
 
 from __future__ import annotations
 
@@ -55,9 +56,12 @@ def test_colbert_vectors_in_bf16_equal_flagembeddings_formula_in_fp32(model_dir:
     pipe = ResultPipeline(engine, engine.device)
     results, _ = pipe.collect(pipe.launch(batch))
     assert engine.runner is not None and engine.runner.eager_batches == 1
+    replayed, _ = pipe.collect(pipe.launch(batch))
+    assert (engine.runner.eager_batches, engine.runner.graph_batches) == (1, 1)
     ref = torch.cat([_reference(model_dir, s) for s in SEQS[:2]]).cpu()
-    got = torch.from_numpy(np.asarray(results[0]))
-    assert got.shape == ref.shape == (int(lengths[:2].sum()) - 2, 128)
-    cos = torch.nn.functional.cosine_similarity(got, ref, dim=1)
-    assert cos.min().item() >= 0.999, cos
-    assert np.asarray(results[1]).shape == (1, engine.card.dims)
+    for run in (results, replayed):
+        got = torch.from_numpy(np.asarray(run[0]))
+        assert got.shape == ref.shape == (int(lengths[:2].sum()) - 2, 128)
+        cos = torch.nn.functional.cosine_similarity(got, ref, dim=1)
+        assert cos.min().item() >= 0.999, cos
+        assert np.asarray(run[1]).shape == (1, engine.card.dims)

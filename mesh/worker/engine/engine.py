@@ -38,6 +38,7 @@ from mesh.worker.engine.classifier import load_classifier
 from mesh.worker.engine.colbert import load_multivector
 from mesh.worker.engine.cpu import keep_freed_memory
 from mesh.worker.engine.dense import load_dense
+from mesh.worker.engine.late_interaction import key_lengths
 from mesh.worker.engine.lexical import LexicalHead, load_lexical_head
 from mesh.worker.engine.loader import load_model
 from mesh.worker.engine.models.registry import spec_for_config
@@ -195,11 +196,12 @@ class Engine:
             pair_shift, hidden_size, multivector=head, lexical=lexical,
         )  # fmt: skip
 
-    def warmup(self, buckets: list[int]) -> None:
-        """CUDA: capture the graphs of these token buckets now (no-op on CPU)."""
+    def warmup(self, buckets: list[int], spans: bool = False) -> None:
+        """CUDA: capture the graphs of these token buckets now, with ``spans`` the graphs of
+        batches holding spans too (no-op on CPU)."""
         if self.runner is not None:
             with torch.inference_mode():
-                self.runner.warmup(buckets)
+                self.runner.warmup(buckets, spans=spans)
 
     @property
     def vocab_size(self) -> int:
@@ -233,7 +235,7 @@ class Engine:
         as the ids shifted by ``pair_shift`` (into the folded half of the word table), so a
         batch of pairs runs the same forward, and on CUDA replays the same graphs.
         """
-        return self._forward(ids, offsets, skip, pairs, keep_hidden=False)[0]
+        return self._forward(ids, offsets, skip, pairs)[0]
 
     def embed_with_spans(
         self,
@@ -247,7 +249,7 @@ class Engine:
         span rows: row ``s`` is the mean of the final hidden states (before pooling and any
         Dense layer) of packed tokens ``spans[s, 0]:spans[s, 1]`` (int ``[S, 2]``, positions
         in the batch, each non-empty and inside one sequence, else ValueError). On CUDA such a
-        batch runs eagerly (:meth:`GpuRunner.embed_with_hidden` says why)."""
+        batch replays its bucket's span graph (:meth:`GpuRunner.embed_spans`)."""
         lengths = self._validate(ids, offsets)
         spans = np.asarray(spans)
         if spans.ndim != 2 or spans.shape[1] != 2 or not np.issubdtype(spans.dtype, np.integer):
@@ -261,22 +263,20 @@ class Engine:
                 or (spans[:, 1] > ends).any()
             ):
                 raise ValueError("a span must be non-empty and inside one sequence")
-        pooled, hidden = self._forward(ids, offsets, skip, pairs, keep_hidden=True)
-        with torch.inference_mode():
-            if hidden is None:  # an empty batch
-                return pooled, torch.zeros(0, self.hidden_size, device=self.device)
-            return pooled, span_means(hidden, spans)
+        pooled, _, rows = self._forward(ids, offsets, skip, pairs, spans=spans)
+        assert rows is not None
+        return pooled, rows
 
     def embed_lexical(
         self, ids: np.ndarray, offsets: np.ndarray, skip: np.ndarray | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``embed``'s pooled ``float32 [n, D]`` and, from the same forward, bge-m3's lexical
         weights ``float32 [n, vocab]`` (:mod:`.lexical`), for a model whose card says
-        ``lexical`` (ValueError for another). On CUDA such a batch runs eagerly, as one with
-        spans does: the graphs keep no hidden states."""
+        ``lexical`` (ValueError for another). On CUDA such a batch runs eagerly: the graphs
+        keep no hidden states."""
         if self.lexical is None:
             raise ValueError(f"model {self.card.name!r} has no lexical weights")
-        pooled, hidden = self._forward(ids, offsets, skip, None, keep_hidden=True)
+        pooled, hidden, _ = self._forward(ids, offsets, skip, None, keep_hidden=True)
         with torch.inference_mode():
             if hidden is None:  # an empty batch
                 return pooled, torch.zeros(0, self.lexical.vocab, device=self.device)
@@ -299,9 +299,11 @@ class Engine:
         offsets: np.ndarray,
         skip: np.ndarray | None,
         pairs: np.ndarray | None,
-        keep_hidden: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Pooled vectors and, when ``keep_hidden``, the final hidden states ``[T, H]``."""
+        keep_hidden: bool = False,
+        spans: np.ndarray | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Pooled vectors, the final hidden states ``[T, H]`` when ``keep_hidden`` (None for
+        an empty batch) and the span rows ``float32 [S, H]`` when ``spans`` are given."""
         lengths = self._validate(ids, offsets)
         skip = self._validate_skip(skip, lengths)
         types = self._token_types(pairs, offsets, lengths)
@@ -310,24 +312,39 @@ class Engine:
         n = lengths.shape[0]
         if n == 0:
             empty = torch.zeros(0, self.card.dims, dtype=torch.float32, device=self.device)
-            return empty, None
+            rows = None if spans is None else torch.zeros(0, self.hidden_size, device=self.device)
+            return empty, None, rows
+        colbert = self.card.colbert
+        keys = None  # a ColBERT query's expansion: tokens no one attends to
+        if colbert is not None and colbert.mask_expansion:
+            keys = key_lengths(ids, offsets, colbert.tokens)
         if self.runner is not None:
             with torch.inference_mode():
-                if keep_hidden:
-                    return self.runner.embed_with_hidden(ids, offsets, skip)
-                return self.runner.embed(ids, offsets, skip), None
+                if spans is not None:  # the bucket's span graph once captured; eager with keys
+                    pooled, rows = self.runner.embed_spans(ids, offsets, spans, skip, keys)
+                    return pooled, None, rows
+                if keep_hidden or keys is not None:
+                    pooled, hidden = self.runner.embed_with_hidden(ids, offsets, skip, keys)
+                    return pooled, hidden if keep_hidden else None, None
+                return self.runner.embed(ids, offsets, skip), None, None
         with torch.inference_mode():
             ids_t = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
             cu = torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.int32)).to(self.device)
             skip_t = None if skip is None else torch.from_numpy(skip).to(self.device)
-            self.attention.plan(cu, self.card.causal)
+            if keys is None:
+                self.attention.plan(cu, self.card.causal)
+            elif getattr(self.attention, "takes_keys", False):
+                self.attention.plan(cu, self.card.causal, keys=keys)  # type: ignore[call-arg]
+            else:
+                raise ValueError("this attention backend cannot leave a query's expansion out")
             hidden = self.model(ids_t, positions(cu, ids_t.shape[0]), self.attention)
             if self.sparse is not None:  # SPLADE weights [n, vocab]: no pooling, no Dense
                 pooled = self.sparse(hidden, cu)
             else:
                 pooled = pool(hidden, cu, self.card.pooling, skip_t)
             pooled = pooled if self.dense is None else self.dense(pooled)
-            return pooled, hidden if keep_hidden else None
+            rows = None if spans is None else span_means(hidden, spans)
+            return pooled, hidden if keep_hidden else None, rows
 
     def embed_final(
         self,

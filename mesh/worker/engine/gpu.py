@@ -14,6 +14,12 @@ next batch while the device still runs this one; each graph reads static device 
 (ids, positions, pooling indices) and ends with the pooling itself (:func:`static_pool`), so
 a replayed batch costs the host one launch for what eager pooling takes a dozen for; its
 static output is copied before any later replay.
+
+A batch holding spans (contextualized chunks, per-token vectors) replays a second family of
+graphs, one per bucket too, captured lazily under the same budget: the same forward and pooling,
+then the span means (:func:`.spans.static_span_means`) into ``[rows + 1, H]`` fp32 slots, the
+token-to-slot map and inverse lengths staged like the pooling indices. Only a batch that needs
+the hidden states themselves (bge-m3's lexical weights) runs eagerly whatever its size.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from mesh.worker.engine.attention import SdpaPerSequence
 from mesh.worker.engine.card import ModelCard
 from mesh.worker.engine.flashinfer_attention import WORKSPACE_BYTES, cuda_backend
 from mesh.worker.engine.pooling import PoolBuffers, fill_pool_indices, pool, static_pool
+from mesh.worker.engine.spans import SpanBuffers, fill_span_index, span_means, static_span_means
 
 log = logging.getLogger("embedmesh.worker.gpu")
 
@@ -66,6 +73,7 @@ class _Staging:
         self._grow(tokens)
         # Sized for the largest graph; only graph batches (never larger) read them.
         self.pool = PoolBuffers.empty(pooling, tokens, MAX_GRAPH_SEQUENCES, pin_memory=True)
+        self.spans = SpanBuffers.empty(tokens, pin_memory=True)
         self.copied = torch.cuda.Event()
         self.copied.record()
 
@@ -96,6 +104,10 @@ class _Graph:
     pool_in: PoolBuffers  # what static_pool reads besides the hidden states
     slots: int
     pooled: torch.Tensor  # [slots, dims] float32 (after any Dense), written by every replay
+    # The span family's (None in plain graphs): its slot map and inverse lengths, and the span
+    # rows, float32 [rows + 1, hidden], written by every replay.
+    span_in: SpanBuffers | None = None
+    span_rows: torch.Tensor | None = None
 
 
 class GpuRunner:
@@ -136,6 +148,8 @@ class GpuRunner:
         )
         self.graphs: dict[int, _Graph] = {}
         self.failed: set[int] = set()  # buckets whose capture failed: they stay eager
+        self.span_graphs: dict[int, _Graph] = {}  # the same, for batches holding spans
+        self.span_failed: set[int] = set()
         self.pool = torch.cuda.graph_pool_handle()
         # One more than the worker's usual two batches in flight, so a third credit does not
         # wait here for a buffer the device has not read yet.
@@ -159,25 +173,51 @@ class GpuRunner:
         """Pooled ``float32 [n, D]`` on the device for a validated packed batch (``skip``:
         int64 ``[n]`` leading tokens left out of the pooling, or None). A cross-encoder's pairs
         come as shifted ids (``Engine.embed``): they replay the graphs as single texts do."""
-        return self._run(ids, offsets, skip, keep_hidden=False)[0]
+        return self._run(ids, offsets, skip)[0]
+
+    def embed_spans(
+        self,
+        ids: np.ndarray,
+        offsets: np.ndarray,
+        spans: np.ndarray,
+        skip: np.ndarray | None = None,
+        keys: np.ndarray | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``embed`` and, from the same forward, ``float32 [S, H]`` span rows
+        (:func:`.spans.span_means` of the final hidden states; ``spans``: int ``[S, 2]``
+        positions in the batch). Replays the bucket's span graph once it exists, when the
+        spans are in order and disjoint, as the wire's are; runs eagerly otherwise, and
+        always with ``keys`` (as :meth:`embed_with_hidden` takes them)."""
+        pooled, _, rows = self._run(ids, offsets, skip, spans=spans, keys=keys)
+        assert rows is not None
+        return pooled, rows
 
     def embed_with_hidden(
-        self, ids: np.ndarray, offsets: np.ndarray, skip: np.ndarray | None = None
+        self,
+        ids: np.ndarray,
+        offsets: np.ndarray,
+        skip: np.ndarray | None = None,
+        keys: np.ndarray | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``embed`` and the final hidden states ``[T, H]``, for a batch holding span requests
-        (contextualized chunks, per-token vectors). Always eager, never a graph: a graph's
-        hidden states are an intermediate inside its private memory pool, overwritten by the
-        next replay, and its static output is ``[slots, D]`` pooled rows, while span rows are
-        ragged (up to one per token). Such batches are rare and long (whole documents), so the
-        launches a graph saves are a small part of their time; ordinary batches keep the graphs.
-        """
-        pooled, hidden = self._run(ids, offsets, skip, keep_hidden=True)
+        """``embed`` and the final hidden states ``[T, H]``, for a batch that needs them whole
+        (bge-m3's lexical weights). Always eager, never a graph: a graph's hidden states are an
+        intermediate inside its private memory pool, overwritten by the next replay.
+        ``keys``: int ``[n]`` leading tokens of each sequence that are attention keys (a
+        ColBERT query's expansion is none's), planned on the eager backend only."""
+        pooled, hidden, _ = self._run(ids, offsets, skip, keep_hidden=True, keys=keys)
         assert hidden is not None
         return pooled, hidden
 
     def _run(
-        self, ids: np.ndarray, offsets: np.ndarray, skip: np.ndarray | None, keep_hidden: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self,
+        ids: np.ndarray,
+        offsets: np.ndarray,
+        skip: np.ndarray | None,
+        keep_hidden: bool = False,
+        spans: np.ndarray | None = None,
+        keys: np.ndarray | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Pooled rows, the hidden states when ``keep_hidden``, the span rows when ``spans``."""
         offsets = np.ascontiguousarray(offsets, dtype=np.int32)
         lengths = np.diff(offsets)
         n, total = len(lengths), int(offsets[-1])
@@ -187,8 +227,10 @@ class GpuRunner:
         self._turn = (self._turn + 1) % len(self.staging)
         ids_h, pos_h, cu_h = stage.fill(ids, pos, offsets)
         bucket = self.bucket_for(total, n)
-        graph = self.graphs.get(bucket) if bucket is not None and not keep_hidden else None
-        if graph is not None:
+        family = self.graphs if spans is None else self.span_graphs
+        eager_only = keep_hidden or keys is not None
+        graph = family.get(bucket) if bucket is not None and not eager_only else None
+        if graph is not None and (spans is None or self._stage_spans(stage, graph, spans)):
             self.graph_batches += 1
             graph.ids[:total].copy_(ids_h, non_blocking=True)
             graph.pos[:total].copy_(pos_h, non_blocking=True)
@@ -196,13 +238,20 @@ class GpuRunner:
             graph.attn.plan(cu_h, self.card.causal)
             stage.copied.record()  # after plan: it may copy from cu_h too
             graph.graph.replay()
-            # A copy: the next replay rewrites the static output.
-            return graph.pooled[:n].clone(), None
+            # Copies: the next replay rewrites the static outputs.
+            pooled = graph.pooled[:n].clone()
+            if spans is None:
+                return pooled, None, None
+            assert graph.span_rows is not None  # a graph of the span family
+            return pooled, None, graph.span_rows[: spans.shape[0]].clone()
         self.eager_batches += 1
         ids_d = ids_h.to(self.device, non_blocking=True)
         pos_d = pos_h.to(self.device, non_blocking=True)
         cu_d = cu_h.to(self.device, non_blocking=True)
-        self.eager_attn.plan(cu_h, self.card.causal)
+        if keys is None:
+            self.eager_attn.plan(cu_h, self.card.causal)
+        else:
+            self.eager_attn.plan(cu_h, self.card.causal, keys=keys)
         stage.copied.record()
         hidden = self.model(ids_d, pos_d, self.eager_attn)
         # Rare (include_prompt: false models only): a small pageable copy is fine here.
@@ -210,9 +259,10 @@ class GpuRunner:
         pooled = pool(hidden, cu_d, self.card.pooling, skip_d)
         if self.dense is not None:
             pooled = self.dense(pooled)
-        if bucket is not None and self._budget_left():
-            self._try_capture(bucket)
-        return pooled, hidden if keep_hidden else None
+        rows = None if spans is None else span_means(hidden, spans)
+        if bucket is not None and bucket not in family and keys is None and self._budget_left():
+            self._try_capture(bucket, spans=spans is not None)
+        return pooled, hidden if keep_hidden else None, rows
 
     def _stage_pooling(
         self,
@@ -229,12 +279,27 @@ class GpuRunner:
         fill_pool_indices(spec, seg, offsets, lengths, host, rows, slots, skip)
         graph.pool_in.copy_(host)
 
-    def warmup(self, buckets: list[int]) -> None:
-        """Capture the given buckets now (each rounded up to a bucket), budget or not."""
+    def _stage_spans(self, stage: _Staging, graph: _Graph, spans: np.ndarray) -> bool:
+        """Hand a span graph its slot map for this batch; False (nothing copied) for spans
+        that cannot share one (:func:`.spans.fill_span_index`): the batch then runs eagerly."""
+        assert graph.span_in is not None
+        host = stage.spans.head(graph.ids.shape[0])
+        if not fill_span_index(spans, host.slot.numpy(), host.scale.numpy()):
+            return False
+        graph.span_in.copy_(host)
+        return True
+
+    def warmup(self, buckets: list[int], spans: bool = False) -> None:
+        """Capture the given buckets now (each rounded up to a bucket), budget or not; with
+        ``spans``, their span graphs too."""
         for tokens in buckets:
             bucket = self.bucket_for(tokens, 1)
-            if bucket is not None and bucket not in self.graphs:
+            if bucket is None:
+                continue
+            if bucket not in self.graphs:
                 self._try_capture(bucket)
+            if spans and bucket not in self.span_graphs:
+                self._try_capture(bucket, spans=True)
         # Asked-for captures do not spend the lazy budget: the first one also pays one-time
         # JIT and library start-up (4 s for MiniLM on the H200), which would otherwise keep
         # every later bucket eager for the rest of the window (seen: a whole benchmark run).
@@ -246,18 +311,21 @@ class GpuRunner:
             self._window_start, self._captured_s = now, 0.0
         return self._captured_s < CAPTURE_BUDGET_S
 
-    def _try_capture(self, rows: int) -> None:
-        if rows in self.failed:
+    def _try_capture(self, rows: int, spans: bool = False) -> None:
+        failed = self.span_failed if spans else self.failed
+        if rows in failed:
             return
         try:
-            self.capture(rows)
+            self.capture(rows, spans=spans)
         except Exception:  # a graph is an optimisation: serve eagerly rather than fail
-            log.exception("capture of the %d-token bucket failed; it stays eager", rows)
-            self.failed.add(rows)
+            kind = "span graph" if spans else "graph"
+            log.exception("capture of the %d-token bucket's %s failed; it stays eager", rows, kind)
+            failed.add(rows)
             torch.cuda.synchronize(self.device)
 
-    def capture(self, rows: int) -> None:
-        """Capture the forward of a ``rows``-token bucket into a CUDA graph."""
+    def capture(self, rows: int, spans: bool = False) -> None:
+        """Capture the forward of a ``rows``-token bucket into a CUDA graph; with ``spans``,
+        the graph of the span family (it also writes span rows)."""
         started = time.perf_counter()
         seqs = min(rows, MAX_GRAPH_SEQUENCES)
         attn = cuda_backend(
@@ -271,6 +339,8 @@ class GpuRunner:
         ids = torch.zeros(rows, dtype=torch.int64, device=self.device)
         pos = torch.arange(rows, dtype=torch.int64, device=self.device) % 8
         pool_in = PoolBuffers.empty(self.card.pooling, rows, seqs, device=self.device)
+        # Zeros: every row into slot 0, a valid map; replays stage their own.
+        span_in = SpanBuffers.empty(rows, device=self.device) if spans else None
         # One planned length mix; replays re-plan with their own (same sequence slots).
         attn.plan(torch.tensor([0, rows], dtype=torch.int32), self.card.causal)
         side = torch.cuda.Stream(self.device)
@@ -278,7 +348,7 @@ class GpuRunner:
         with torch.inference_mode(), torch.cuda.stream(side):
             # A warm run first: lazy initialisation (cuBLAS handles, compiled kernels) must
             # not happen inside the capture.
-            self._head(self.model(ids, pos, attn), pool_in, seqs)
+            self._head(self.model(ids, pos, attn), pool_in, seqs, span_in)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: the worker's finisher thread waits on result events meanwhile, which
@@ -287,23 +357,30 @@ class GpuRunner:
             torch.inference_mode(),
             torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
         ):
-            pooled = self._head(self.model(ids, pos, attn), pool_in, seqs)
-        self.graphs[rows] = _Graph(graph, attn, ids, pos, pool_in, seqs, pooled)
+            pooled, span_rows = self._head(self.model(ids, pos, attn), pool_in, seqs, span_in)
+        family = self.span_graphs if spans else self.graphs
+        family[rows] = _Graph(graph, attn, ids, pos, pool_in, seqs, pooled, span_in, span_rows)
         spent = time.perf_counter() - started
         self._captured_s += spent
         self.capture_seconds += spent
-        log.info("captured the %d-token bucket's graph in %.3f s", rows, spent)
+        kind = "span graph" if spans else "graph"
+        log.info("captured the %d-token bucket's %s in %.3f s", rows, kind, spent)
 
-    def _head(self, hidden: torch.Tensor, pool_in: PoolBuffers, slots: int) -> torch.Tensor:
+    def _head(
+        self, hidden: torch.Tensor, pool_in: PoolBuffers, slots: int, span_in: SpanBuffers | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """What a graph ends with: the pooling, then any Dense layers, all captured (unused
-        slots carry garbage through the Dense layers: only the first n rows are read)."""
+        slots carry garbage through the Dense layers: only the first n rows are read); and in
+        the span family, the span rows."""
         pooled = static_pool(hidden, pool_in, self.card.pooling, slots)
-        return pooled if self.dense is None else self.dense(pooled)
+        pooled = pooled if self.dense is None else self.dense(pooled)
+        return pooled, None if span_in is None else static_span_means(hidden, span_in)
 
     def summary(self) -> str:
         """Graph use so far, for the worker's loop log."""
         return (
-            f"graphs {sorted(self.graphs)} (failed {sorted(self.failed)}), batches "
+            f"graphs {sorted(self.graphs)} (failed {sorted(self.failed)}), span graphs "
+            f"{sorted(self.span_graphs)} (failed {sorted(self.span_failed)}), batches "
             f"{self.graph_batches} replayed / {self.eager_batches} eager, "
             f"capture {self.capture_seconds:.2f} s"
         )
