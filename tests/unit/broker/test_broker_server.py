@@ -48,6 +48,24 @@ def test_a_live_query_waits_behind_one_held_batch_not_two():
     assert chunks == [(1, 4), (100, 1), (1, 4)]
 
 
+def test_with_three_credits_live_bulk_comes_in_two_halves_and_one_credit_stays_free():
+    h = Harness(aging_s=60.0)
+    h.add_worker(msg=ready(credits=3, max_batch_tokens=64))
+    h.submit(submit(100, [4], lane=0, token=7))  # a query first: the model is live
+    [(_, live)] = h.back.take(BatchAssign)
+    h.submit(submit(1, [16] * 16, lane=1))  # 256 bulk tokens
+    # The cap (one batch budget, 64 tokens) in two halves: both go out at once, so the worker
+    # has the second to start while the first's reply travels.
+    halves = [m for _, m in h.back.take(BatchAssign)]
+    assert [m.n * 16 for m in halves] == [32, 32]
+    h.back.push(b"w1", answer(live))
+    h.pump()
+    assert h.back.take(BatchAssign) == []  # the freed credit is not bulk's: the cap is held
+    h.submit(submit(101, [4], lane=0, token=7))
+    [(_, query)] = h.back.take(BatchAssign)  # ... it is the next query's, at once
+    assert query.n == 1 and set(query.token_ids.tolist()) == {7}
+
+
 def test_while_live_a_slow_worker_holds_only_live_bulk_ms_of_bulk():
     # A CPU-like worker: 1024-token batches that take a second each, so one held batch would
     # keep a query waiting a second; at 100 ms of its compute it may hold ~102 bulk tokens.
