@@ -11,6 +11,9 @@
 #           BERT-base-shape cross-encoder beside sentence-transformers CrossEncoder.predict
 #   hops    one 12-word MiniLM query, idle: engine vs MeshClient vs HTTP, per hop, with the
 #           default ingress processes and with one
+#   mixed   MiniLM, bulk (32 clients x 64 texts) alone then with 10 live queries a second, per
+#           configuration of $MIXED_CONFIGS (';'-separated NAME=ENV|MESH_ARGS; default: the
+#           defaults, --credits 3, EMBEDMESH_BULK_NICE=10), $MIXED_SECONDS windows
 set -uo pipefail
 out=${1:?usage: gpu_proof.sh OUT [STAGES]}
 stages=${2:-tests,rerank,hops}
@@ -49,5 +52,20 @@ if has hops; then
       --model-name all-MiniLM-L6-v2 --encoding-format base64 --mode hops --latency-requests 300 \
       --json "$out/hops-$procs/hops.json" >"$out/hops-$procs.log" 2>&1
     grep -A3 "^hops in" "$out/hops-$procs.log" | head -n 4
+  done
+fi
+
+if has mixed; then
+  configs=${MIXED_CONFIGS:-"default=|;credits3=|--credits 3;nice10=EMBEDMESH_BULK_NICE=10|"}
+  IFS=';' read -ra list <<<"$configs"
+  for entry in "${list[@]}"; do
+    name=${entry%%=*}; rest=${entry#*=}; envs=${rest%%|*}; margs=${rest#*|}
+    env $envs python3 -m bench.cli --no-baseline --engine-budgets '' \
+      --spawn "--device cuda --model .carry/minilm --warmup-buckets 16,32,64,128,256 $margs" \
+      --model-name all-MiniLM-L6-v2 --encoding-format base64 \
+      --mode mixed --concurrency 32 --bulk-texts-per-request 64 --live-rate 10 \
+      --procs 4 --duration "${MIXED_SECONDS:-10}" --warmup 4 \
+      --json "$out/mixed-$name/mixed.json" >"$out/mixed-$name.log" 2>&1
+    echo "== $name"; grep "^mixed in" "$out/mixed-$name.log" | head -n 2
   done
 fi
