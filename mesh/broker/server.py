@@ -285,6 +285,7 @@ class Broker:
                     bulk_held=self.inflight.bulk_tokens(worker.identity),
                     # One credit stays free for live work; bulk shares the others.
                     bulk_split=max(1, worker.credits - 1),
+                    last_credit=worker.credits > 1 and worker.free == 1,
                 )
                 if formed is None:
                     continue  # nothing this worker may take now; another may hold less bulk

@@ -53,16 +53,38 @@ def test_with_three_credits_live_bulk_comes_in_two_halves_and_one_credit_stays_f
     h.add_worker(msg=ready(credits=3, max_batch_tokens=64))
     h.submit(submit(100, [4], lane=0, token=7))  # a query first: the model is live
     [(_, live)] = h.back.take(BatchAssign)
-    h.submit(submit(1, [16] * 16, lane=1))  # 256 bulk tokens
-    # The cap (one batch budget, 64 tokens) in two halves: both go out at once, so the worker
-    # has the second to start while the first's reply travels.
-    halves = [m for _, m in h.back.take(BatchAssign)]
-    assert [m.n * 16 for m in halves] == [32, 32]
     h.back.push(b"w1", answer(live))
     h.pump()
-    assert h.back.take(BatchAssign) == []  # the freed credit is not bulk's: the cap is held
+    h.submit(submit(1, [16] * 16, lane=1))  # 256 bulk tokens
+    # The cap (one batch budget, 64 tokens) in two halves: both go out at once, so the worker
+    # has the second to start while the first's reply travels; the third credit stays free.
+    halves = [m for _, m in h.back.take(BatchAssign)]
+    assert [m.n * 16 for m in halves] == [32, 32]
     h.submit(submit(101, [4], lane=0, token=7))
-    [(_, query)] = h.back.take(BatchAssign)  # ... it is the next query's, at once
+    [(_, query)] = h.back.take(BatchAssign)  # ... and takes the next query at once
+    assert query.n == 1 and set(query.token_ids.tolist()) == {7}
+    h.back.push(b"w1", answer(halves[0]))
+    h.pump()
+    assert h.back.take(BatchAssign) == []  # the query holds a credit: the last stays free
+    h.back.push(b"w1", answer(query))
+    h.pump()
+    [(_, refill)] = h.back.take(BatchAssign)  # then the half that came back is refilled
+    assert refill.n * 16 == 32
+
+
+def test_while_live_the_last_free_credit_takes_no_bulk_smaller_than_the_cap():
+    h = Harness(aging_s=60.0)
+    h.add_worker(msg=ready(credits=2, max_batch_tokens=64))
+    h.submit(submit(100, [4], lane=0, token=7))
+    [(_, live)] = h.back.take(BatchAssign)
+    h.back.push(b"w1", answer(live))
+    h.pump()
+    h.submit(submit(1, [16], lane=1))  # 16 bulk tokens: far below the 64-token cap
+    h.submit(submit(2, [16], lane=1))
+    [(_, bulk)] = h.back.take(BatchAssign)
+    assert bulk.n == 1  # the second bulk request waits: the last credit is the queries'
+    h.submit(submit(101, [4], lane=0, token=7))
+    [(_, query)] = h.back.take(BatchAssign)
     assert query.n == 1 and set(query.token_ids.tolist()) == {7}
 
 
