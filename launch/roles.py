@@ -149,6 +149,7 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         has_dense=bool(card.dense),
         lexical=card.lexical,
         multivector_dims=card.multivector.out_features if card.multivector else 0,
+        late_interaction=card.colbert.tokens if card.colbert else None,
     )
     options = WorkerOptions(
         name=f"{socket.gethostname()}:{cfg.device}",

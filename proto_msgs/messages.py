@@ -106,6 +106,32 @@ class OutputOptions:
 
 
 @dataclass
+class LateInteraction:
+    """A ColBERT model's token layout: what the ingress builds a query's or a document's ids
+    from (``mesh.client.late_interaction``), as colbert-ai and PyLate tokenize them: the
+    text's tokens cut at ``length - 1``, the role's marker put after the first token,
+    a query padded with ``expansion`` to ``query_length``; a document's tokens in
+    ``skiplist`` get no vector."""
+
+    query_marker: int  # token id after a query's first token (colbert-ai [unused0], "[Q] ")
+    document_marker: int  # the same for a document ([unused1], "[D] ")
+    query_length: int  # a query's tokens, marker and expansion included
+    document_length: int  # the most tokens of a document, marker included
+    expansion: int = -1  # the id a query is padded with to query_length ([MASK]); -1: none
+    skiplist: list[int] = field(default_factory=list)  # ids a document keeps no vector of
+
+    def check(self, where: str, vocab_size: int, max_input_tokens: int) -> None:
+        ids = [self.query_marker, self.document_marker, *self.skiplist]
+        if self.expansion != -1:
+            ids.append(self.expansion)
+        if any(not 0 <= i < vocab_size for i in ids):
+            raise ProtocolError(f"{where}: a late-interaction token id is outside the vocabulary")
+        lengths = (self.query_length, self.document_length)
+        if min(lengths) < 3 or max(lengths) > max_input_tokens:
+            raise ProtocolError(f"{where}: late-interaction lengths out of range")
+
+
+@dataclass
 class ModelInfo:
     """A model as the catalog describes it: all an ingress needs to validate and tokenize."""
 
@@ -151,6 +177,9 @@ class ModelInfo:
     # Not a promise of the card: workers of one model may be started with other budgets.
     max_batch_tokens: int = 0
     max_batch_requests: int = 0
+    # A ColBERT model (colbert-ai, PyLate): how the ingress lays out its queries and documents
+    # for /embed_multivector; None for every other model (bge-m3's colbert vectors included).
+    late_interaction: LateInteraction | None = None
 
     def check(self, where: str) -> None:
         """What a peer's card must hold for the ingress to use it without failing later: a
@@ -175,6 +204,10 @@ class ModelInfo:
             raise ProtocolError(f"{where}: batch limits must be >= 0")
         if self.default_prompt_name is not None and self.default_prompt_name not in self.prompts:
             raise ProtocolError(f"{where}: default_prompt_name is not one of its prompts")
+        if self.late_interaction is not None:
+            if self.multivector_dims <= 0:
+                raise ProtocolError(f"{where}: a late-interaction model needs multivector_dims")
+            self.late_interaction.check(where, self.vocab_size, self.max_input_tokens)
 
 
 @dataclass

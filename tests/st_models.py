@@ -216,3 +216,93 @@ def build_m3_lexical(
     else:
         save_file(head, str(path / "sparse_linear.safetensors"))
     return path
+
+
+@dataclass(frozen=True)
+class ColbertSpec:
+    """The options of a tiny ColBERT checkpoint (short lengths, so tests reach both the
+    query expansion and the truncation)."""
+
+    dim: int = 16
+    query_length: int = 12
+    document_length: int = 24
+    attend_to_expansion: bool = False
+    expansion: bool = True  # PyLate's do_query_expansion (colbert-ai always expands)
+    bias: bool = False  # PyLate's Dense may have one; colbert-ai's linear never does
+
+
+def build_colbert_ai(
+    path: Path, spec: ColbertSpec = ColbertSpec(), seed: int = 23, heads: int = 4
+) -> Path:
+    """A tiny random-weight checkpoint as colbert-ai saves one: ``HF_ColBERT`` (a BERT under
+    ``bert.`` and ``linear.weight [dim, hidden]`` without bias, saved with save_pretrained),
+    the MiniLM tokenizer, and ``artifact.metadata`` (ColBERTConfig's JSON, flat, with
+    ``meta``)."""
+    import json
+
+    import torch
+    import transformers
+
+    class HF_ColBERT(transformers.BertPreTrainedModel):  # noqa: N801 (colbert-ai's name)
+        def __init__(self, config: transformers.BertConfig) -> None:
+            super().__init__(config)
+            self.linear = torch.nn.Linear(config.hidden_size, spec.dim, bias=False)
+            self.bert = transformers.BertModel(config)
+
+    _save_random(path, seed, lambda: HF_ColBERT(_config("bert", HIDDEN, heads)))
+    metadata = {
+        "query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_token": "[Q]",
+        "doc_token": "[D]", "dim": spec.dim, "query_maxlen": spec.query_length,
+        "doc_maxlen": spec.document_length, "mask_punctuation": True,
+        "attend_to_mask_tokens": spec.attend_to_expansion, "similarity": "cosine",
+        "interaction": "colbert", "nbits": 2, "checkpoint": "tiny",
+        "meta": {"version": "colbert-v0.4"},
+    }  # fmt: skip
+    (path / "artifact.metadata").write_text(json.dumps(metadata, indent=4) + "\n")
+    return path
+
+
+def build_pylate(
+    path: Path, spec: ColbertSpec = ColbertSpec(), seed: int = 29, heads: int = 4
+) -> Path:
+    """A tiny random-weight model as PyLate saves one: the Transformer at the root (its
+    tokenizer with the added prefix tokens "[Q] " and "[D] ", its embeddings resized to
+    them), ``1_Dense`` (pylate.models.Dense: ``linear.weight``, activation Identity), and
+    config_sentence_transformers.json with PyLate's options."""
+    import json
+    import string
+
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    config = _config("bert", HIDDEN, heads)
+    config.vocab_size += 2  # the two prefixes PyLate adds to the tokenizer
+    _, gen = _save_random(path, seed, lambda: transformers.BertModel(config))
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    tok.add_tokens(["[Q] ", "[D] "])
+    tok.save_pretrained(path)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ]
+    (path / "modules.json").write_text(json.dumps(modules, indent=2))
+    st_bert = {"max_seq_length": spec.document_length - 1, "do_lower_case": False}
+    (path / "sentence_bert_config.json").write_text(json.dumps(st_bert))
+    (path / "1_Dense").mkdir()
+    dense = {"in_features": HIDDEN, "out_features": spec.dim, "bias": spec.bias,
+             "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}  # fmt: skip
+    (path / "1_Dense" / "config.json").write_text(json.dumps(dense))
+    head = {"linear.weight": 0.3 * torch.randn(spec.dim, HIDDEN, generator=gen)}
+    if spec.bias:
+        head["linear.bias"] = 0.1 * torch.randn(spec.dim, generator=gen)
+    save_file(head, str(path / "1_Dense" / "model.safetensors"))
+    st_config = {
+        "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "MaxSim",
+        "query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": spec.query_length,
+        "document_length": spec.document_length,
+        "attend_to_expansion_tokens": spec.attend_to_expansion,
+        "skiplist_words": list(string.punctuation), "do_query_expansion": spec.expansion,
+    }  # fmt: skip
+    (path / "config_sentence_transformers.json").write_text(json.dumps(st_config, indent=2))
+    return path

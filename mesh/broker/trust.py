@@ -30,6 +30,7 @@ CARD_FIELDS = (
     "labels",
     "activation",
     "multivector_dims",  # a worker without the head would fail a batch of colbert vectors
+    "late_interaction",  # a ColBERT model's markers and lengths: other ones, other vectors
 )
 
 

@@ -21,6 +21,10 @@ relative-position ``bias`` ``[Hq, L, L]`` of which each sequence adds its top-le
 most ``window`` positions away; ModernBERT's local layers). Only the SDPA backends take
 them; the models that need them say so (``needs_masks``) and run on one.
 
+A backend with ``takes_keys`` also takes ``plan(..., keys=...)``: int ``[n]``, how many
+leading tokens of each sequence are keys (a ColBERT query's [MASK] expansion, which no token
+attends to, comes last: ``late_interaction.key_lengths``); every token is still a query.
+
 A FlashInfer backend (GPU) implements the same two calls; it must keep ``plan`` free of
 device-to-host syncs after the first call per token bucket so that CUDA graphs can be
 captured around ``run``. This module never imports flashinfer.
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -58,16 +63,29 @@ class SdpaPerSequence:
     """
 
     takes_masks = True
+    takes_keys = True
 
     def __init__(self) -> None:
-        self._bounds: list[tuple[int, int]] = []
+        self._bounds: list[tuple[int, int, int]] = []
         self._causal = False
         self._scale: float | None = None
 
-    def plan(self, cu_seqlens: torch.Tensor, causal: bool, scale: float | None = None) -> None:
+    def plan(
+        self,
+        cu_seqlens: torch.Tensor,
+        causal: bool,
+        scale: float | None = None,
+        keys: np.ndarray | None = None,
+    ) -> None:
         # One host sync per batch, not per layer.
         cu = cu_seqlens.tolist()
-        self._bounds = [(cu[i], cu[i + 1]) for i in range(len(cu) - 1) if cu[i + 1] > cu[i]]
+        n = len(cu) - 1
+        ends = (
+            [cu[i + 1] for i in range(n)]
+            if keys is None
+            else [cu[i] + int(k) for i, k in enumerate(keys)]
+        )
+        self._bounds = [(cu[i], cu[i + 1], ends[i]) for i in range(n) if cu[i + 1] > cu[i]]
         self._causal = causal
         self._scale = scale
 
@@ -81,14 +99,16 @@ class SdpaPerSequence:
     ) -> torch.Tensor:
         out = torch.empty_like(q)
         gqa = q.shape[1] != k.shape[1]
-        for start, end in self._bounds:
+        for start, end, keys_end in self._bounds:
             mask = sequence_mask(end - start, self._causal, bias, window, q.device)
+            if mask is not None and keys_end < end:
+                mask = mask[..., : keys_end - start]
             # [L, H, D] -> [1, H, L, D], strides only. 4-D, because CPU SDPA only takes its
             # fused (flash) kernel for 4-D inputs; 3-D falls back to the slower math path.
             o = F.scaled_dot_product_attention(
                 q[start:end].transpose(0, 1)[None],
-                k[start:end].transpose(0, 1)[None],
-                v[start:end].transpose(0, 1)[None],
+                k[start:keys_end].transpose(0, 1)[None],
+                v[start:keys_end].transpose(0, 1)[None],
                 attn_mask=mask,
                 is_causal=self._causal and mask is None,
                 scale=self._scale,

@@ -22,6 +22,7 @@ from typing import Any
 
 from mesh.worker.engine.classifier import read_classifier
 from mesh.worker.engine.colbert import MultiVector, read_multivector
+from mesh.worker.engine.late_interaction import ColbertModel, read_colbert
 from mesh.worker.engine.lexical import has_lexical_head
 from mesh.worker.engine.models.registry import (
     Family,
@@ -75,6 +76,8 @@ class ModelCard:
     # A multi-vector head (colbert.py: bge-m3's colbert vectors): per-token vectors of this
     # width; None when the model has none.
     multivector: MultiVector | None = None
+    # A ColBERT checkpoint (late_interaction.py): its token layout; ``multivector`` its head.
+    colbert: ColbertModel | None = None
 
 
 def default_model_path() -> Path:
@@ -132,9 +135,22 @@ def is_causal(config: dict[str, Any], family: Family, pool_cfg: dict[str, Any] |
     return not (pool_cfg is not None and pool_cfg.get("pooling_mode_mean_tokens"))
 
 
-def _max_input_tokens(model_dir: Path, config: dict[str, Any], family: Family) -> int:
+def _max_input_tokens(
+    model_dir: Path, config: dict[str, Any], family: Family, colbert: ColbertModel | None = None
+) -> int:
     st_cfg = _read_json(model_dir / "sentence_bert_config.json") or {}
-    max_seq = st_cfg.get("max_seq_length")
+    if colbert is not None:
+        # Its lengths are the model's own (PyLate's max_seq_length is one of them less the
+        # marker); the position table bounds them.
+        longest = max(colbert.tokens.query_length, colbert.tokens.document_length)
+        table = _input_limit(config, family, None)
+        if longest > table:
+            raise ValueError(f"ColBERT lengths {longest} over the model's {table} positions")
+        return longest
+    return _input_limit(config, family, st_cfg.get("max_seq_length"))
+
+
+def _input_limit(config: dict[str, Any], family: Family, max_seq: int | None) -> int:
     max_pos = config.get("max_position_embeddings")
     spec = spec_for_family(family)
     if spec.positions != "rotary":
@@ -182,7 +198,8 @@ def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCar
             f"sparse (SPLADE) models are served in the BERT family (BertForMaskedLM's head); "
             f"this one is {family!r}"
         )
-    multivector = read_multivector(model_dir, config)
+    colbert = read_colbert(model_dir, config)
+    multivector = read_multivector(model_dir, config, colbert)
     tokenizer_path = model_dir / "tokenizer.json"
     if not tokenizer_path.is_file():
         raise FileNotFoundError(f"no tokenizer.json in {model_dir}")
@@ -207,7 +224,7 @@ def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCar
         dims=int(config["vocab_size"])
         if st.splade
         else _dims(int(config["hidden_size"]), pooling, st.dense),
-        max_input_tokens=_max_input_tokens(model_dir, config, family),
+        max_input_tokens=_max_input_tokens(model_dir, config, family, colbert),
         pooling="splade" if st.splade else pooling,
         # Normalization is a sentence-transformers module; without it the reference returns
         # raw pooled vectors, and so do we unless the request asks otherwise.
@@ -227,6 +244,7 @@ def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCar
         activation="" if head is None else head.activation,
         splade=st.splade,
         multivector=multivector,
+        colbert=colbert,
     )
 
 

@@ -12,22 +12,22 @@ directory must hold ``colbert_linear.safetensors`` (``python -m mesh.worker.engi
 DIR`` writes it from the .pt, or ``safetensors.torch.save_file(torch.load(path,
 weights_only=True), ...)``).
 
-ColBERT checkpoints themselves (colbert-ai's ``HF_ColBERT``, PyLate) project the same way, but
-their tokens are not the text's: a ``[Q]``/``[D]`` marker after ``[CLS]``, queries padded with
-``[MASK]`` to ``query_maxlen`` and attending to them, punctuation dropped from documents. Those are
-not served yet, so such a model is refused at load by name (:func:`read_multivector`) rather than
-answered with vectors its index was not built with.
+ColBERT checkpoints (colbert-ai's ``HF_ColBERT``, PyLate) project the same way, with their
+own tokens (:mod:`.late_interaction` reads their layout): their head is read here from
+``linear.weight`` in the checkpoint or PyLate's Dense folder, every token has a vector.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
+
+from mesh.worker.engine.late_interaction import ColbertModel
 
 M3_HEAD = "colbert_linear"
 
@@ -41,32 +41,19 @@ class MultiVector:
     out_features: int
     bias: bool
     skip_first: bool  # the first token (CLS, <s>) has no vector
+    prefix: str = ""  # the head's tensor names in ``file``: prefix + "weight" (+ "bias")
 
 
-def _colbert_layout(model_dir: Path, config: dict[str, Any]) -> str | None:
-    """What names a ColBERT checkpoint (colbert-ai or PyLate), else None."""
-    if any("ColBERT" in a for a in config.get("architectures") or []):
-        return "architectures " + ", ".join(config["architectures"])
-    for name in ("artifact.metadata", "config_sentence_transformers.json"):
-        path = model_dir / name
-        if path.is_file() and (
-            name == "artifact.metadata" or "query_prefix" in json.loads(path.read_text("utf-8"))
-        ):
-            return name
-    return None
-
-
-def read_multivector(model_dir: str | Path, config: dict[str, Any]) -> MultiVector | None:
-    """bge-m3's colbert head when the directory holds one; None when it holds none. ValueError
-    for a pickle-only head (naming the conversion) and for a ColBERT checkpoint (naming what
-    is not served)."""
+def read_multivector(
+    model_dir: str | Path, config: dict[str, Any], colbert: ColbertModel | None = None
+) -> MultiVector | None:
+    """The model's multi-vector head: a ColBERT checkpoint's projection (``colbert``, from
+    :func:`.late_interaction.read_colbert`), else bge-m3's colbert head when the directory
+    holds one; None when it holds none. ValueError for a pickle-only head (naming the
+    conversion) and for a head of the wrong shape."""
     model_dir = Path(model_dir)
-    layout = _colbert_layout(model_dir, config)
-    if layout is not None:
-        raise ValueError(
-            f"ColBERT model ({layout}): its [Q]/[D] markers, [MASK] query augmentation and "
-            "punctuation skiplist are not served; bge-m3's colbert vectors are"
-        )
+    if colbert is not None:
+        return _colbert_head(model_dir, config, colbert)
     weights = model_dir / f"{M3_HEAD}.safetensors"
     if not weights.is_file():
         if (model_dir / f"{M3_HEAD}.pt").is_file():
@@ -85,6 +72,23 @@ def read_multivector(model_dir: str | Path, config: dict[str, Any]) -> MultiVect
             f"{ {k: tuple(v.shape) for k, v in tensors.items()} }"
         )
     return MultiVector(weights.name, hidden, int(weight.shape[0]), "bias" in tensors, True)
+
+
+def _colbert_head(model_dir: Path, config: dict[str, Any], colbert: ColbertModel) -> MultiVector:
+    path = model_dir / colbert.head_file
+    if not path.is_file():
+        raise ValueError(
+            f"ColBERT model ({colbert.layout}): no {colbert.head_file} (its projection)"
+        )
+    with safe_open(str(path), "pt") as f:
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
+    weight = shapes.get(colbert.head_prefix + "weight")
+    hidden = int(config["hidden_size"])
+    if weight is None or len(weight) != 2 or weight[1] != hidden:
+        raise ValueError(f"ColBERT model ({colbert.layout}): {colbert.head_file} needs "
+                         f"'{colbert.head_prefix}weight' [dim, {hidden}], has {weight}")  # fmt: skip
+    bias = colbert.head_prefix + "bias" in shapes
+    return MultiVector(colbert.head_file, hidden, int(weight[0]), bias, False, colbert.head_prefix)
 
 
 def convert_pickled_head(model_dir: str | Path) -> Path | None:
@@ -114,8 +118,11 @@ def load_multivector(
     if head is None:
         return None
     linear = torch.nn.Linear(head.in_features, head.out_features, bias=head.bias)
+    names = ["weight", "bias"] if head.bias else ["weight"]
+    with safe_open(str(Path(model_dir) / head.file), "pt") as f:
+        state = {n: f.get_tensor(head.prefix + n) for n in names if head.prefix + n in f.keys()}  # noqa: SIM118
     try:
-        linear.load_state_dict(load_file(str(Path(model_dir) / head.file)))
+        linear.load_state_dict(state)
     except RuntimeError as exc:
         raise ValueError(f"{head.file}: {exc}") from None
     return linear.to(device=device, dtype=torch.float32).eval()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import torch
 
 # FlashInfer's recommended float workspace (split-k partial results); one per wrapper.
@@ -39,6 +40,21 @@ def cuda_backend(
     if heads[2] in FLASHINFER_HEAD_DIMS:
         return FlashInferRagged(heads, dtype, device, capacity, workspace)
     return TorchVarlen(heads, device, max_len, capacity)
+
+
+def kept_keys(
+    cu: torch.Tensor, keys: np.ndarray, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For ``plan(..., keys=)`` (eager only): the keys' own ``cu_seqlens`` (int32, host) and
+    the packed rows they are (int64, on ``device``), gathered from k and v in each layer:
+    both kernels read a sequence's keys as one contiguous range, so the left-out trailing
+    tokens are dropped from the key rows rather than skipped in place."""
+    starts = cu[:-1].numpy().astype(np.int64)
+    keys = np.asarray(keys, dtype=np.int64)
+    kv_cu = np.zeros(len(keys) + 1, dtype=np.int32)
+    np.cumsum(keys, out=kv_cu[1:])
+    rows = np.repeat(starts - kv_cu[:-1], keys) + np.arange(int(kv_cu[-1]))
+    return torch.from_numpy(kv_cu), torch.from_numpy(rows).to(device, non_blocking=False)
 
 
 class FlashInferRagged:
@@ -86,11 +102,25 @@ class FlashInferRagged:
         # plan() stages its work list in one pinned host buffer and copies it without a
         # sync: the next plan must wait until the device has taken the last one.
         self._planned: torch.cuda.Event | None = None
+        self._key_rows: torch.Tensor | None = None  # plan(keys=): the rows that are keys
 
-    def plan(self, cu_seqlens: torch.Tensor, causal: bool, scale: float | None = None) -> None:
+    takes_keys = True
+
+    def plan(
+        self,
+        cu_seqlens: torch.Tensor,
+        causal: bool,
+        scale: float | None = None,
+        keys: np.ndarray | None = None,
+    ) -> None:
         cu = cu_seqlens.to("cpu", torch.int32)
         if self._planned is not None:
             self._planned.synchronize()
+        kv_cu, self._key_rows = cu, None
+        if keys is not None:
+            if self.capacity is not None:
+                raise ValueError("keys= is for the eager wrapper (a graph's keys are its rows)")
+            kv_cu, self._key_rows = kept_keys(cu, keys, self.workspace.device)
         if self.capacity is not None:
             sequences, rows = self.capacity
             n = cu.numel() - 1
@@ -101,10 +131,10 @@ class FlashInferRagged:
             # the stream to drain, which would stall the worker's two-deep pipeline.
             self._cu_host[: n + 1] = cu
             self._cu_host[n + 1 :] = rows
-            cu = self._cu_host
+            cu = kv_cu = self._cu_host
         self.wrapper.plan(
             cu,
-            cu,
+            kv_cu,
             self.num_heads,
             self.num_kv_heads,
             self.head_dim,
@@ -119,6 +149,8 @@ class FlashInferRagged:
         self._planned.record()
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self._key_rows is not None:
+            k, v = k.index_select(0, self._key_rows), v.index_select(0, self._key_rows)
         return self.wrapper.run(q, k, v)
 
 
@@ -156,10 +188,28 @@ class TorchVarlen:
         )
         self._copied = torch.cuda.Event()
         self._copied.record()
+        self._cu_k: torch.Tensor | None = None  # plan(keys=): the keys' own offsets
+        self._max_k = max_len
+        self._key_rows: torch.Tensor | None = None
 
-    def plan(self, cu_seqlens: torch.Tensor, causal: bool, scale: float | None = None) -> None:
+    takes_keys = True
+
+    def plan(
+        self,
+        cu_seqlens: torch.Tensor,
+        causal: bool,
+        scale: float | None = None,
+        keys: np.ndarray | None = None,
+    ) -> None:
         cu = cu_seqlens.to("cpu", torch.int32)
         n = cu.numel() - 1
+        self._cu_k, self._key_rows = None, None
+        if keys is not None:
+            if self.capacity is not None:
+                raise ValueError("keys= is for the eager backend (a graph's keys are its rows)")
+            kv_cu, self._key_rows = kept_keys(cu, keys, self.device)
+            self._cu_k = kv_cu.to(self.device)
+            self._max_k = int(np.max(keys)) if n else 1
         if self.capacity is not None:
             sequences, rows = self.capacity
             if n > sequences or int(cu[-1]) > rows:
@@ -186,4 +236,7 @@ class TorchVarlen:
         if k.shape[1] != q.shape[1]:
             group = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        if self._key_rows is not None:
+            k, v = k.index_select(0, self._key_rows), v.index_select(0, self._key_rows)
+            return self._attn(q, k, v, self._cu, self._cu_k, self._max, self._max_k, **self._kw)
         return self._attn(q, k, v, self._cu, self._cu, self._max, self._max, **self._kw)

@@ -97,6 +97,8 @@ def _read_json(path: Path) -> Any:
 def read_st_pipeline(model_dir: Path) -> StPipeline:
     """Read and check the pipeline of ``model_dir``; raises ValueError for what is not served."""
     entries = _read_json(model_dir / "modules.json") or []
+    # PyLate's modules are a ColBERT model's head, read by late_interaction.py.
+    entries = [e for e in entries if not str(e.get("type", "")).startswith("pylate.")]
     names = [str(e.get("type", "")).rsplit(".", 1)[-1] for e in entries]
     for name in names:
         if name not in _SUPPORTED_MODULES:
