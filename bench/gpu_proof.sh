@@ -14,6 +14,11 @@
 #   mixed   MiniLM, bulk (32 clients x 64 texts) alone then with 10 live queries a second, per
 #           configuration of $MIXED_CONFIGS (';'-separated NAME=ENV|MESH_ARGS; default: the
 #           defaults, --credits 3, EMBEDMESH_BULK_NICE=10), $MIXED_SECONDS windows
+#   families  issue 13: per family and output (random weights in the real shapes), tokens/s of
+#           the engine alone, through HTTP and of sentence-transformers on the same corpus texts,
+#           and tokens/s per FLOP against BERT-base / Qwen3-0.6B (bench/families.py): the
+#           families of $FAMILIES (default: all, most wanted first), skipping those that would
+#           end past $FAMILIES_BUDGET_S seconds of the stage (default 450)
 set -uo pipefail
 out=${1:?usage: gpu_proof.sh OUT [STAGES]}
 stages=${2:-tests,rerank,hops}
@@ -68,4 +73,10 @@ if has mixed; then
       --json "$out/mixed-$name/mixed.json" >"$out/mixed-$name.log" 2>&1
     echo "== $name"; grep "^mixed in" "$out/mixed-$name.log" | head -n 2
   done
+fi
+
+if has families; then
+  python3 bench/families.py --out "$out/families" ${FAMILIES:+--families "$FAMILIES"} \
+    --budget-s "${FAMILIES_BUDGET_S:-450}" >"$out/families.log" 2>&1
+  cat "$out/families/summary.md"
 fi
