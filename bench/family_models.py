@@ -46,7 +46,9 @@ class FamilySpec:
     outputs: tuple[str, ...] = ("dense",)  # dense | sparse | lexical | multivector
     reference: str = "bert"  # tokens/s per FLOP relative to this family's
     shape: str = ""
-    est_s: int = 60  # H200 seconds for build + engine + sentence-transformers + HTTP
+    # H200 seconds for build + engine + sentence-transformers + HTTP, guessed (no run yet):
+    # ~35 of them the mesh's start, warm-up, window and stop; a family's JSON has its wall_s.
+    est_s: int = 50
 
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -90,6 +92,7 @@ FAMILIES: dict[str, FamilySpec] = {
             quick=dict(num_key_value_heads=2, head_dim=16),
             pooling="lasttoken",
             reference="qwen3",
+            est_s=55,
             shape="Qwen3-0.6B 28x1024, GQA 16/8",
         ),
         FamilySpec(
@@ -108,6 +111,7 @@ FAMILIES: dict[str, FamilySpec] = {
             quick=dict(num_key_value_heads=2),
             pooling="lasttoken",
             reference="qwen3",
+            est_s=55,
             shape="Qwen2-0.5B 24x896, GQA 14/2",
         ),
         FamilySpec(
@@ -136,6 +140,7 @@ FAMILIES: dict[str, FamilySpec] = {
                 layer_types=["sliding_attention", "full_attention"],
             ),
             reference="qwen3",
+            est_s=55,
             shape="EmbeddingGemma-300m 24x768, 3 heads of 256, window 512, bidirectional",
         ),
         FamilySpec(
@@ -170,7 +175,7 @@ FAMILIES: dict[str, FamilySpec] = {
             quick=dict(num_key_value_heads=2),
             pooling="lasttoken",
             reference="qwen3",
-            est_s=90,
+            est_s=75,
             shape="Mistral-7B layers, 8 of 32 (8x4096, GQA 32/8, ffn 14336)",
         ),
         FamilySpec(
@@ -195,7 +200,7 @@ FAMILIES: dict[str, FamilySpec] = {
             ),
             pooling="cls",
             outputs=("lexical", "multivector"),
-            est_s=100,
+            est_s=85,
             shape="bge-m3: XLM-R large 24x1024 + sparse and colbert heads",
         ),
     )
