@@ -21,6 +21,14 @@ is refused). A route of its own rather than a flag on ``/embed_all``: a TEI clie
 ``/embed_all`` must keep meaning raw hidden states whatever model answers it, and a flag would
 give one route two answer shapes (another width, another token count). It is bounded like
 ``/embed_all``: at most ``max_embed_all_values`` numbers (vectors x width) per answer.
+
+Its body also takes ``input_type``: ``"query"`` or ``"document"`` (default). A ColBERT model
+(colbert-ai's ``HF_ColBERT``, PyLate; ``ModelInfo.late_interaction``) lays each out its own
+way (``mesh.client.late_interaction``): a query is its [Q] marker and [MASK] expansion, a
+vector per token, exactly ``query_length`` of them; a document its [D] marker and a vector per
+token outside the punctuation skiplist, [CLS] and [SEP] included. Such a model takes texts
+only (the server puts the markers in), no prompt, and truncation from the right. For bge-m3,
+which encodes queries and documents alike, ``input_type`` is checked and changes nothing.
 """
 
 from __future__ import annotations
@@ -32,14 +40,17 @@ from collections.abc import Callable
 import orjson
 from aiohttp import web
 
+from mesh.client.late_interaction import INPUT_TYPES, prepare_late_interaction
 from mesh.client.request import ValidRequest
-from mesh.client.spans import multi_vector, per_token
+from mesh.client.spans import MAX_TOKEN_VECTOR_VALUES, multi_vector, per_token
+from mesh.errors import InvalidInput
 from mesh.ingress import tei
 from mesh.ingress.encodings import render_rows
 from mesh.ingress.http_errors import TEI, ApiError
 from mesh.ingress.schema import PRIORITY_HEADER, header_lane
-from mesh.ingress.state import STATE, account, read_body
-from mesh.ingress.tei_schema import parse_embed_request
+from mesh.ingress.state import STATE, IngressState, account, read_body
+from mesh.ingress.tei_schema import EmbedRequest, parse_embed_request
+from proto_msgs import Lane, ModelInfo
 
 FORMATS = ("float", "base64")
 
@@ -59,29 +70,61 @@ def _encoding_format(body: bytes) -> str:
     return value
 
 
+def _input_type(body: bytes) -> str:
+    value = orjson.loads(body).get("input_type", "document")  # an object: parsed before
+    if value not in INPUT_TYPES:
+        raise ApiError.invalid(
+            f"'input_type' must be one of {', '.join(INPUT_TYPES)}; got {value!r}", "input_type"
+        )
+    return value
+
+
 async def _embed_all(request: web.Request) -> web.Response:
     return await _token_vectors(request, per_token)
 
 
 async def _embed_multivector(request: web.Request) -> web.Response:
-    return await _token_vectors(request, multi_vector)
+    return await _token_vectors(request, multi_vector, roles=True)
+
+
+async def _late_interaction(
+    state: IngressState, info: ModelInfo, req: EmbedRequest, input_type: str, lane: Lane | None
+) -> ValidRequest:
+    """A ColBERT model's request: its texts laid out as its queries or documents."""
+    texts = req.inputs.texts
+    if texts is None:
+        raise InvalidInput(f"model {info.name!r} is a ColBERT model: send texts, whose "
+                           "[Q]/[D] markers the server puts in", param="inputs")  # fmt: skip
+    if req.prompt_name is not None or req.direction == "left":
+        raise InvalidInput(f"model {info.name!r} is a ColBERT model: prompt_name and "
+                           "truncation_direction Left are not served for it",
+                           param="prompt_name" if req.prompt_name else "truncation_direction")  # fmt: skip
+    truncate = state.cfg.auto_truncate if req.truncate is None else req.truncate
+    return await prepare_late_interaction(
+        state.client, texts, info, input_type, truncate, lane, MAX_TOKEN_VECTOR_VALUES
+    )
 
 
 async def _token_vectors(
-    request: web.Request, rows: Callable[[ValidRequest], ValidRequest]
+    request: web.Request, rows: Callable[[ValidRequest], ValidRequest], roles: bool = False
 ) -> web.Response:
-    """Per input, a vector per token: ``rows`` turns the tokenized request into its spans."""
+    """Per input, a vector per token: ``rows`` turns the tokenized request into its spans;
+    ``roles``: the body may say ``input_type`` (a ColBERT model's queries and documents)."""
     state = request.app[STATE]
     cfg = state.cfg
     start = time.perf_counter()
     body = await read_body(request, cfg.max_body_bytes)
     req = parse_embed_request(body, cfg.max_inputs)
     encoding_format = _encoding_format(body)
+    input_type = _input_type(body) if roles else "document"
     lane = header_lane(request.headers.get(PRIORITY_HEADER))
     info = tei.model_for(state, request)
     parsed = time.perf_counter()
-    valid = await tei._front_door(state, request.app[tei._TOKENIZERS], info, req, lane)
-    valid = rows(valid)
+    if roles and info.late_interaction is not None:
+        valid = await _late_interaction(state, info, req, input_type, lane)
+    else:  # input_type changes nothing for bge-m3: its queries and documents encode alike
+        valid = await tei._front_door(state, request.app[tei._TOKENIZERS], info, req, lane)
+        valid = rows(valid)
     prepared = time.perf_counter()
     result = await state.client.submit(valid, cfg.request_timeout_s)
     meshed = time.perf_counter()

@@ -124,8 +124,9 @@ OPERATIONS: tuple[Operation, ...] = (
               body="TeiEmbedAllRequest", ok=ref("TeiEmbedAllResponse"), errors=_TEI_WORK,
               headers=_TEI_HEADERS, timed=True, **_TEI_TAGS),
     Operation("post", "/embed_multivector", "teiEmbedMultivector", "A multi-vector model's "
-              "normalized per-token vectors (bge-m3's colbert vectors; ours, TEI-shaped)",
-              body="TeiEmbedAllRequest", ok=ref("TeiEmbedAllResponse"), errors=_TEI_WORK,
+              "normalized per-token vectors (ColBERT checkpoints as queries or documents, "
+              "bge-m3's colbert vectors; ours, TEI-shaped)",
+              body="TeiEmbedMultivectorRequest", ok=ref("TeiEmbedAllResponse"), errors=_TEI_WORK,
               headers=_TEI_HEADERS, timed=True, **_TEI_TAGS),
     Operation("post", "/tokenize", "teiTokenize", "Tokens with UTF-8 byte offsets (TEI)",
               body="TeiTokenizeRequest", ok=ref("TeiTokens"), errors=_TEI_TOOLS,

@@ -233,10 +233,18 @@ def _tei(max_inputs: int) -> dict[str, Schema]:
         "start",
         "stop",
     )
+    token_format = {**STR, "enum": ["float", "base64"], "default": "float"}
     return {
         "TeiEmbedRequest": obj(embed, "inputs"),
-        "TeiEmbedAllRequest": obj(
-            {**common, "encoding_format": {**STR, "enum": ["float", "base64"], "default": "float"}},
+        "TeiEmbedAllRequest": obj({**common, "encoding_format": token_format}, "inputs"),
+        "TeiEmbedMultivectorRequest": obj(
+            {
+                **common,
+                "encoding_format": token_format,
+                # Ours: a ColBERT model lays out queries and documents its own way ([Q]/[D]
+                # marker, [MASK] expansion, punctuation skiplist); bge-m3's are alike.
+                "input_type": {**STR, "enum": ["query", "document"], "default": "document"},
+            },
             "inputs",
         ),
         "TeiEmbedAllResponse": array(array(VECTOR)),

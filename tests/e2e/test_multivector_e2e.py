@@ -83,6 +83,10 @@ async def test_colbert_vectors_equal_the_formula_and_embed_all_stays_raw(
         expected = _colbert(dirs[M3], hidden)
         assert np.array(got).shape == expected.shape  # every token after <s>
         np.testing.assert_allclose(np.array(got, np.float32), expected, atol=1e-5)
+    # bge-m3 encodes queries and documents alike: input_type changes nothing.
+    status, queries = await _call(url, "POST", "/embed_multivector",
+                                  {"inputs": TEXTS, "input_type": "query"}, M3)  # fmt: skip
+    assert status == 200 and queries == doc, queries
     body = {"inputs": TEXTS[1], "encoding_format": "base64"}
     status, doc = await _call(url, "POST", "/embed_multivector", body, M3)
     assert status == 200, doc

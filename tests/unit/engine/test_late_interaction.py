@@ -2,21 +2,18 @@
 libraries' formula over transformers' BertModel in fp32, for queries (marker, [MASK]
 expansion no token attends to) and documents (marker, punctuation skiplist).
 
-The reference is written here from colbert-ai's and PyLate's tokenization and encoding
-(tokenize cut at length - 1, marker after [CLS], queries padded with [MASK] and an attention
-mask of 0 on them, linear, L2 per token, skiplist tokens dropped from documents), with
-transformers' own tokenizer and model: nothing of ours but the ids it is compared on.
+The reference (tests/colbert_reference.py) is written from colbert-ai's and PyLate's
+tokenization and encoding over transformers' own tokenizer and model: nothing of ours but the
+ids it is compared on.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import string
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from mesh.client.late_interaction import layout
 from mesh.client.tokenize import ModelTokenizer
@@ -24,6 +21,7 @@ from mesh.worker.engine.card import read_card
 from mesh.worker.engine.engine import Engine
 from mesh.worker.engine.late_interaction import key_lengths
 from proto_msgs import ModelInfo
+from tests.colbert_reference import colbert_reference
 from tests.st_models import ColbertSpec, build_colbert_ai, build_pylate
 
 TEXTS = [
@@ -38,44 +36,6 @@ LAYOUTS = {"colbert-ai": build_colbert_ai, "pylate": build_pylate}
 @pytest.fixture(scope="module", params=list(LAYOUTS))
 def model_dir(request, tmp_path_factory):
     return LAYOUTS[request.param](tmp_path_factory.mktemp(request.param) / "m")
-
-
-DEFAULT = ColbertSpec()
-
-
-def reference(model_dir, texts, query, spec=DEFAULT):
-    """Per text, float32 [vectors, dim] and the ids they belong to, as the libraries compute."""
-    import transformers
-
-    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    bert = transformers.BertModel.from_pretrained(model_dir, attn_implementation="eager").eval()
-    pylate = (model_dir / "1_Dense").is_dir()
-    if pylate:
-        head = load_file(str(model_dir / "1_Dense" / "model.safetensors"))
-        markers = tok.convert_tokens_to_ids(["[Q] ", "[D] "])
-        skiplist = set(tok.convert_tokens_to_ids(list(string.punctuation)))
-    else:
-        head = load_file(str(model_dir / "model.safetensors"))
-        markers = tok.convert_tokens_to_ids(["[unused0]", "[unused1]"])
-        skiplist = {tok.encode(c, add_special_tokens=False)[0] for c in string.punctuation}
-    weight, bias = head["linear.weight"], head.get("linear.bias")
-    length = spec.query_length if query else spec.document_length
-    out = []
-    for text in texts:
-        ids = tok(text, truncation=True, max_length=length - 1)["input_ids"]
-        ids = [ids[0], markers[0] if query else markers[1], *ids[1:]]
-        mask = [1] * len(ids)
-        if query and spec.expansion:
-            pad = length - len(ids)
-            ids += [tok.mask_token_id] * pad
-            mask += [int(spec.attend_to_expansion)] * pad
-        with torch.no_grad():
-            h = bert(input_ids=torch.tensor([ids]), attention_mask=torch.tensor([mask]))[0][0]
-            v = torch.nn.functional.linear(h, weight, bias)
-            v = torch.nn.functional.normalize(v, dim=-1)
-        keep = [True] * len(ids) if query else [i not in skiplist for i in ids]
-        out.append((v[torch.tensor(keep)].numpy(), np.asarray(ids)[keep]))
-    return out
 
 
 def served(model_dir, texts, query, truncate=True):
@@ -112,12 +72,12 @@ def assert_same(ours, theirs):
 def test_queries_are_marked_expanded_and_their_expansion_is_no_key(model_dir):
     ours = served(model_dir, TEXTS, query=True)
     assert {len(ids) for _, ids in ours} == {ColbertSpec().query_length}
-    assert_same(ours, reference(model_dir, TEXTS, query=True))
+    assert_same(ours, colbert_reference(model_dir, TEXTS, query=True))
 
 
 def test_documents_are_marked_cut_and_lose_their_punctuation(model_dir):
     ours = served(model_dir, TEXTS, query=False)
-    assert_same(ours, reference(model_dir, TEXTS, query=False))
+    assert_same(ours, colbert_reference(model_dir, TEXTS, query=False))
     assert len(ours[3][1]) == 3  # "...!?": [CLS], [D], [SEP] only
 
 
@@ -125,7 +85,7 @@ def test_a_query_attending_to_its_expansion_is_computed_whole(tmp_path):
     spec = ColbertSpec(attend_to_expansion=True)
     model_dir = build_pylate(tmp_path / "m", spec)
     assert not read_card(model_dir).colbert.mask_expansion
-    assert_same(served(model_dir, TEXTS, True), reference(model_dir, TEXTS, True, spec))
+    assert_same(served(model_dir, TEXTS, True), colbert_reference(model_dir, TEXTS, True, spec))
 
 
 def test_without_expansion_a_query_keeps_its_own_length(tmp_path):
@@ -133,7 +93,7 @@ def test_without_expansion_a_query_keeps_its_own_length(tmp_path):
     model_dir = build_pylate(tmp_path / "m", spec)
     ours = served(model_dir, TEXTS, True)
     assert len(ours[2][1]) == 4  # [CLS] [Q] short [SEP]
-    assert_same(ours, reference(model_dir, TEXTS, True, spec))
+    assert_same(ours, colbert_reference(model_dir, TEXTS, True, spec))
 
 
 def test_a_long_document_without_truncation_is_refused(model_dir):

@@ -241,6 +241,11 @@ PARSERS: dict[str, Callable[[bytes], object]] = {
     "RerankRequest": lambda b: parse_v1_rerank_request(b, 8),
     "TeiEmbedRequest": lambda b: parse_embed_request(b, 8),
     "TeiEmbedAllRequest": lambda b: (parse_embed_request(b, 8), multivector._encoding_format(b)),
+    "TeiEmbedMultivectorRequest": lambda b: (
+        parse_embed_request(b, 8),
+        multivector._encoding_format(b),
+        multivector._input_type(b),
+    ),
     "TeiSparseRequest": lambda b: parse_sparse_request(b, 8),
     "TeiTokenizeRequest": lambda b: parse_tokenize_request(b, 8),
     "TeiDecodeRequest": lambda b: parse_decode_request(b, 8),
@@ -253,6 +258,8 @@ PARSERS: dict[str, Callable[[bytes], object]] = {
 UNDESCRIBED = {
     # /embed_all parses /embed's body, then answers raw token states whatever these say.
     "TeiEmbedAllRequest": {"normalize", "dimensions"},
+    # /embed_multivector: per-token vectors are always normalized, at the head's full width.
+    "TeiEmbedMultivectorRequest": {"normalize", "dimensions"},
 }
 
 
