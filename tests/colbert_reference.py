@@ -1,8 +1,9 @@
-"""ColBERT's per-token vectors as colbert-ai and PyLate compute them, written here from their
-tokenization and encoding (tokenize cut at length - 1, marker after [CLS], queries padded
-with [MASK] and an attention mask of 0 on them unless attended to, linear, L2 per token,
-skiplist tokens dropped from documents) over transformers' own tokenizer and BertModel:
-nothing of ours. For the checkpoints ``tests.st_models`` builds."""
+"""ColBERT's per-token vectors as colbert-ai and PyLate compute them (``colbert_reference``),
+written here from their tokenization and encoding (tokenize cut at length - 1, marker after
+[CLS], queries padded with [MASK] and an attention mask of 0 on them unless attended to,
+linear, L2 per token, skiplist tokens dropped from documents) over transformers' own
+tokenizer and BertModel: nothing of ours. For the checkpoints ``tests.st_models`` builds.
+``served_vectors`` is ours to compare with it: the ingress's layout through an engine."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from mesh.client.late_interaction import layout
+from mesh.client.tokenize import ModelTokenizer
+from proto_msgs import ModelInfo
 from tests.st_models import ColbertSpec
 
 DEFAULT = ColbertSpec()
@@ -50,3 +54,32 @@ def colbert_reference(model_dir, texts, query, spec=DEFAULT):
         keep = [True] * len(ids) if query else [i not in skiplist for i in ids]
         out.append((v[torch.tensor(keep)].numpy(), np.asarray(ids)[keep]))
     return out
+
+
+def served_vectors(engine, texts, roles, truncate=True):  # noqa: ANN001, ANN201
+    """Our ingress's layout of ``texts`` (``roles``: True for a query) as one packed batch
+    through ``engine`` (``embed_with_spans``, the head, L2): per text, the vectors (float32,
+    on the host) and the ids they belong to."""
+    card = engine.card
+    info = ModelInfo(card.name, [], card.dims, card.max_input_tokens, engine.vocab_size,
+                     card.pooling, False, card.tokenizer_digest, hidden_size=engine.hidden_size,
+                     multivector_dims=card.multivector.out_features,
+                     late_interaction=card.colbert.tokens)  # fmt: skip
+    tok = ModelTokenizer(card.tokenizer_json, info)
+    parts = []
+    for text, query in zip(texts, roles, strict=True):
+        ids, lengths = tok.encode([text], truncate=True)
+        parts.append(layout(tok, info.late_interaction, ids, lengths, query, truncate))
+    ids = np.concatenate([p[0] for p in parts])
+    lengths = np.concatenate([p[1] for p in parts])
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    absolute = np.concatenate([p[2] + offsets[i] for i, p in enumerate(parts)])
+    counts = [len(p[2]) for p in parts]
+    _, rows = engine.embed_with_spans(ids, offsets, absolute)
+    vectors = torch.nn.functional.normalize(engine.project_multivector(rows), dim=-1)
+    vectors = vectors.float().cpu().numpy()
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    return [
+        (vectors[bounds[i] : bounds[i + 1]], ids[absolute[bounds[i] : bounds[i + 1], 0]])
+        for i in range(len(texts))
+    ]

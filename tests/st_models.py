@@ -232,7 +232,11 @@ class ColbertSpec:
 
 
 def build_colbert_ai(
-    path: Path, spec: ColbertSpec = ColbertSpec(), seed: int = 23, heads: int = 4
+    path: Path,
+    spec: ColbertSpec = ColbertSpec(),
+    seed: int = 23,
+    hidden: int = HIDDEN,
+    heads: int = 4,
 ) -> Path:
     """A tiny random-weight checkpoint as colbert-ai saves one: ``HF_ColBERT`` (a BERT under
     ``bert.`` and ``linear.weight [dim, hidden]`` without bias, saved with save_pretrained),
@@ -249,7 +253,7 @@ def build_colbert_ai(
             self.linear = torch.nn.Linear(config.hidden_size, spec.dim, bias=False)
             self.bert = transformers.BertModel(config)
 
-    _save_random(path, seed, lambda: HF_ColBERT(_config("bert", HIDDEN, heads)))
+    _save_random(path, seed, lambda: HF_ColBERT(_config("bert", hidden, heads)))
     metadata = {
         "query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_token": "[Q]",
         "doc_token": "[D]", "dim": spec.dim, "query_maxlen": spec.query_length,
@@ -263,7 +267,11 @@ def build_colbert_ai(
 
 
 def build_pylate(
-    path: Path, spec: ColbertSpec = ColbertSpec(), seed: int = 29, heads: int = 4
+    path: Path,
+    spec: ColbertSpec = ColbertSpec(),
+    seed: int = 29,
+    hidden: int = HIDDEN,
+    heads: int = 4,
 ) -> Path:
     """A tiny random-weight model as PyLate saves one: the Transformer at the root (its
     tokenizer with the added prefix tokens "[Q] " and "[D] ", its embeddings resized to
@@ -276,7 +284,7 @@ def build_pylate(
     import transformers
     from safetensors.torch import save_file
 
-    config = _config("bert", HIDDEN, heads)
+    config = _config("bert", hidden, heads)
     config.vocab_size += 2  # the two prefixes PyLate adds to the tokenizer
     _, gen = _save_random(path, seed, lambda: transformers.BertModel(config))
     tok = transformers.AutoTokenizer.from_pretrained(path)
@@ -290,10 +298,10 @@ def build_pylate(
     st_bert = {"max_seq_length": spec.document_length - 1, "do_lower_case": False}
     (path / "sentence_bert_config.json").write_text(json.dumps(st_bert))
     (path / "1_Dense").mkdir()
-    dense = {"in_features": HIDDEN, "out_features": spec.dim, "bias": spec.bias,
+    dense = {"in_features": hidden, "out_features": spec.dim, "bias": spec.bias,
              "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}  # fmt: skip
     (path / "1_Dense" / "config.json").write_text(json.dumps(dense))
-    head = {"linear.weight": 0.3 * torch.randn(spec.dim, HIDDEN, generator=gen)}
+    head = {"linear.weight": 0.3 * torch.randn(spec.dim, hidden, generator=gen)}
     if spec.bias:
         head["linear.bias"] = 0.1 * torch.randn(spec.dim, generator=gen)
     save_file(head, str(path / "1_Dense" / "model.safetensors"))

@@ -15,13 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from mesh.client.late_interaction import layout
-from mesh.client.tokenize import ModelTokenizer
 from mesh.worker.engine.card import read_card
 from mesh.worker.engine.engine import Engine
 from mesh.worker.engine.late_interaction import key_lengths
-from proto_msgs import ModelInfo
-from tests.colbert_reference import colbert_reference
+from tests.colbert_reference import colbert_reference, served_vectors
 from tests.st_models import ColbertSpec, build_colbert_ai, build_pylate
 
 TEXTS = [
@@ -39,27 +36,8 @@ def model_dir(request, tmp_path_factory):
 
 
 def served(model_dir, texts, query, truncate=True):
-    """Our ids (the ingress's layout) through the engine: per text, the vectors and ids."""
-    card = read_card(model_dir)
     engine = Engine.load(model_dir, tune_allocator=False)
-    info = ModelInfo(card.name, [], card.dims, card.max_input_tokens, engine.vocab_size,
-                     card.pooling, False, card.tokenizer_digest, hidden_size=32,
-                     multivector_dims=card.multivector.out_features,
-                     late_interaction=card.colbert.tokens)  # fmt: skip
-    tok = ModelTokenizer(card.tokenizer_json, info)
-    ids, lengths = tok.encode(texts, truncate=True)
-    ids, lengths, spans, span_offsets = layout(tok, info.late_interaction, ids, lengths,
-                                               query, truncate)  # fmt: skip
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    seq = np.repeat(np.arange(len(lengths)), np.diff(span_offsets))
-    absolute = spans + offsets[:-1][seq, None]
-    _, rows = engine.embed_with_spans(ids, offsets, absolute)
-    vectors = torch.nn.functional.normalize(engine.project_multivector(rows), dim=-1).numpy()
-    return [
-        (vectors[span_offsets[i] : span_offsets[i + 1]], ids[absolute[span_offsets[i] : span_offsets[i + 1], 0]])
-        for i in range(len(texts))
-    ]  # fmt: skip
+    return served_vectors(engine, texts, [query] * len(texts), truncate)
 
 
 def assert_same(ours, theirs):
@@ -79,6 +57,16 @@ def test_documents_are_marked_cut_and_lose_their_punctuation(model_dir):
     ours = served(model_dir, TEXTS, query=False)
     assert_same(ours, colbert_reference(model_dir, TEXTS, query=False))
     assert len(ours[3][1]) == 3  # "...!?": [CLS], [D], [SEP] only
+
+
+def test_one_batch_of_queries_and_documents_keys_each_sequence_its_own_way(model_dir):
+    engine = Engine.load(model_dir, tune_allocator=False)
+    roles = [True, False] * len(TEXTS)
+    texts = [t for t in TEXTS for _ in range(2)]
+    ours = served_vectors(engine, texts, roles)
+    queries = colbert_reference(model_dir, TEXTS, query=True)
+    documents = colbert_reference(model_dir, TEXTS, query=False)
+    assert_same(ours, [x for pair in zip(queries, documents, strict=True) for x in pair])
 
 
 def test_a_query_attending_to_its_expansion_is_computed_whole(tmp_path):
@@ -132,3 +120,24 @@ def test_what_is_not_served_is_refused_by_name(tmp_path, file, change, match):
     (model_dir / file).write_text(json.dumps({**cfg, **change}))
     with pytest.raises(ValueError, match=match):
         read_card(model_dir)
+
+
+def test_the_gpu_backends_key_rows_are_each_sequence_s_leading_keys():
+    from mesh.worker.engine.attention import SdpaPerSequence
+    from mesh.worker.engine.flashinfer_attention import kept_keys
+
+    gen = torch.Generator().manual_seed(0)
+    cu = torch.tensor([0, 5, 12, 15], dtype=torch.int32)
+    keys = np.array([3, 7, 1])
+    q, k, v = (torch.randn(15, 2, 8, generator=gen) for _ in range(3))
+    kv_cu, rows = kept_keys(cu, keys, torch.device("cpu"))
+    assert kv_cu.tolist() == [0, 3, 10, 11]
+    assert rows.tolist() == [0, 1, 2, 5, 6, 7, 8, 9, 10, 11, 12]
+    backend = SdpaPerSequence()
+    backend.plan(cu, causal=False, keys=keys)
+    got = backend.run(q, k, v)
+    kk, vv = k[rows], v[rows]  # what FlashInfer and varlen read with kv offsets kv_cu
+    for i in range(3):
+        a, b, c, d = int(cu[i]), int(cu[i + 1]), int(kv_cu[i]), int(kv_cu[i + 1])
+        ref = torch.softmax(torch.einsum("qhd,khd->hqk", q[a:b], kk[c:d]) / 8**0.5, -1)
+        torch.testing.assert_close(got[a:b], torch.einsum("hqk,khd->qhd", ref, vv[c:d]))
