@@ -45,9 +45,17 @@ sys.path.insert(0, str(ROOT))
 
 from bench.corpus import DEFAULT_CORPUS, load_texts  # noqa: E402
 from bench.family_http import drive_outputs, mesh_bench  # noqa: E402
-from bench.family_models import FAMILIES, MAX_TOKENS, build, forward_flops, shape_of  # noqa: E402
+from bench.family_models import (  # noqa: E402
+    FAMILIES,
+    MAX_TOKENS,
+    FamilySpec,
+    build,
+    forward_flops,
+    shape_of,
+)
 from bench.family_summary import write_summary  # noqa: E402
 from bench.gpu_engine import fcfs_batches  # noqa: E402
+from mesh.worker.engine.engine import Engine  # noqa: E402
 
 BUDGET = 16384
 GPU_SPAWN = "--device cuda --warmup-buckets 16,32,64,128,256"
@@ -71,7 +79,7 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _call(engine, output: str, batch):  # noqa: ANN001, ANN202
+def _call(engine: Engine, output: str, batch: tuple) -> torch.Tensor:
     """One batch of ``output`` as the worker computes it (no finalize, results on device)."""
     ids, offsets, spans = batch
     if output == "lexical":
@@ -81,7 +89,7 @@ def _call(engine, output: str, batch):  # noqa: ANN001, ANN202
     return engine.embed(ids, offsets)
 
 
-def time_engine(engine, batches: list, output: str, seconds: float, device: str) -> dict:  # noqa: ANN001
+def time_engine(engine: Engine, batches: list, output: str, seconds: float, device: str) -> dict:
     """A warm pass (at most ``seconds``), then passes over the batches until ``seconds``."""
     runner = engine.runner
 
@@ -122,9 +130,9 @@ def with_spans(ids: list[np.ndarray]) -> list[tuple]:
     return out
 
 
-def bench_engine(path: Path, spec, batches: list, args, device: str) -> tuple[dict, bool]:  # noqa: ANN001
-    from mesh.worker.engine.engine import Engine
-
+def bench_engine(
+    path: Path, spec: FamilySpec, batches: list, args: argparse.Namespace, device: str
+) -> tuple[dict, bool]:
     t = time.perf_counter()
     engine = Engine.load(path, device=device, max_batch_tokens=BUDGET)
     engine.warmup([16])
@@ -162,7 +170,7 @@ def bench_st(path: Path, output: str, texts: list[str], tokens: int, device: str
     what = {
         "multivector": "token_embeddings of the backbone",
         "lexical": "dense encode of the backbone",
-    }  # noqa: E501
+    }
     model.encode(texts[:256], batch_size=128, **kw)
     best: dict = {"what": what.get(output, "encode")}
     for bs in (32, 128):
@@ -185,7 +193,9 @@ def _free() -> None:
         torch.cuda.empty_cache()
 
 
-def run_family(name: str, args, work: Path, corpus: dict, device: str, r: dict) -> None:  # noqa: ANN001
+def run_family(
+    name: str, args: argparse.Namespace, work: Path, corpus: dict, device: str, r: dict
+) -> None:
     """Fills ``r`` as it goes, so that what was measured before a failure is kept."""
     spec = FAMILIES[name]
     path = work / name  # the directory's name is the served model name
@@ -210,12 +220,12 @@ def run_family(name: str, args, work: Path, corpus: dict, device: str, r: dict) 
             r["st"][output] = bench_st(
                 path, output, corpus["texts"][:n], corpus["st_tokens"], device
             )
-        except Exception as exc:  # noqa: BLE001 - recorded, the HTTP part still runs
+        except Exception as exc:  # recorded: the HTTP part still runs
             r["st"][output] = {"error": f"{type(exc).__name__}: {exc}"}
     load = {
         k: getattr(args, k)
         for k in ("concurrency", "texts_per_request", "procs", "seconds", "warmup")
-    }  # noqa: E501
+    }
     if not args.http:
         return
     if spec.outputs == ("dense",):
@@ -260,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     run(args, names, device)
 
 
-def run(args, names: list[str], device: str) -> None:  # noqa: ANN001
+def run(args: argparse.Namespace, names: list[str], device: str) -> None:
     started = time.monotonic()
     texts = load_texts(DEFAULT_CORPUS)[: args.texts]
     ids = tokenize(texts)
@@ -287,14 +297,14 @@ def run(args, names: list[str], device: str) -> None:  # noqa: ANN001
             results[name] = {
                 "family": name,
                 "skipped": f"{elapsed:.0f} s + ~{est} s > budget {args.budget_s:.0f} s",
-            }  # noqa: E501
+            }
         else:
             print(f"== {name} ({elapsed:.0f} s in)", flush=True)
             t = time.monotonic()
             results[name] = {"family": name}
             try:
                 run_family(name, args, work, corpus, device, results[name])
-            except Exception as exc:  # noqa: BLE001 - one family's failure must not stop the rest
+            except Exception as exc:  # one family's failure must not stop the rest
                 traceback.print_exc()
                 results[name] |= {"family": name, "error": f"{type(exc).__name__}: {exc}",
                                  "traceback": traceback.format_exc()[-4000:]}  # fmt: skip

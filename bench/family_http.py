@@ -104,11 +104,14 @@ def drive(url: str, corpus: Path, per_request: int, extra: dict, load: dict) -> 
     for p in parts:
         for k, v in p["errors"].items():
             errors[k] = errors.get(k, 0) + v
-    q = lambda f: 1000 * latencies[min(len(latencies) - 1, int(f * len(latencies)))]  # noqa: E731
     return {
         "tok_s": tokens / load["seconds"],
         "requests": len(latencies),
-        "latency_ms": {"p50": q(0.5), "p99": q(0.99)} if latencies else {},
+        "latency_ms": {
+            f"p{q}": 1000 * latencies[int(q / 100 * (len(latencies) - 1))] for q in (50, 99)
+        }
+        if latencies
+        else {},  # fmt: skip
         "errors": errors,
     }
 

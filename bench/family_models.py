@@ -16,6 +16,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -233,7 +234,7 @@ def build(spec: FamilySpec, path: Path, quick: bool, device: str) -> int:
     return params
 
 
-def _make(transformers, spec: FamilySpec, config) -> torch.nn.Module:  # noqa: ANN001
+def _make(transformers: ModuleType, spec: FamilySpec, config: object) -> torch.nn.Module:
     cls: Callable = getattr(transformers, f"{spec.kind}{spec.head}")
     if spec.kind == "XLMRoberta":
         return cls(config, add_pooling_layer=False)
@@ -275,10 +276,8 @@ def _write_splade_modules(path: Path) -> None:
     # with the class paths of the installed version (they moved between releases).
     from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling
 
-    name = lambda cls: f"{cls.__module__}.{cls.__name__}"  # noqa: E731
-    (path / "modules.json").write_text(
-        _modules(("", name(MLMTransformer)), ("1_SpladePooling", name(SpladePooling)))
-    )
+    mlm, pool = (f"{c.__module__}.{c.__name__}" for c in (MLMTransformer, SpladePooling))
+    (path / "modules.json").write_text(_modules(("", mlm), ("1_SpladePooling", pool)))
     (path / "1_SpladePooling").mkdir(exist_ok=True)
     (path / "1_SpladePooling" / "config.json").write_text(
         json.dumps({"pooling_strategy": "max", "activation_function": "relu"})
