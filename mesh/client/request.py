@@ -132,7 +132,15 @@ def sparse_options(
 def check_task(model: ModelInfo, task: str) -> None:
     """InvalidInput naming what ``model`` does when it does not do ``task``: embeddings from a
     cross-encoder or a sparse model, scores from an embedding model, sparse weights from a
-    model without them."""
+    model without them; anything but per-token vectors (``late_interaction``) from a ColBERT
+    model."""
+    if model.late_interaction is not None:
+        raise InvalidInput(
+            f"model {model.name!r} is a ColBERT model: its vectors are per token, at "
+            "/embed_multivector (input_type query or document); it has no pooled embeddings, "
+            "raw token states, sparse weights or scores",
+            param="model",
+        )
     if model.task == task or (task == "sparse" and model.lexical):
         return
     if model.task == "sparse":

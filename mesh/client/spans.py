@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from mesh.client.request import ValidRequest, lane_for, output_options
+from mesh.client.request import ValidRequest, check_task, lane_for, output_options
 from mesh.client.tokenize import ModelTokenizer
 from mesh.errors import InvalidInput, TooLarge
 from proto_msgs import ModelInfo, OutputOptions
@@ -71,6 +71,7 @@ def check_mean_pooled(model: ModelInfo) -> None:
     """Chunk vectors are means of hidden states: only a mean-pooled model without Dense layers
     embeds that way, so only such a model's chunk vectors are comparable with its embeddings."""
     check_span_model(model, "contextualized embeddings")
+    check_task(model, "embed")  # a ColBERT model's tokens are no chunk's
     if model.pooling != "mean" or model.has_dense:
         how = f"pooling {model.pooling!r}" + (" and Dense layers" if model.has_dense else "")
         raise InvalidInput(

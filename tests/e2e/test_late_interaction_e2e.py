@@ -93,3 +93,17 @@ async def test_what_a_colbert_model_does_not_take_is_refused(
 ) -> None:
     status, doc = await _call(url, body, AI)
     assert status in (413, 422) and match in doc["error"], doc
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/embed", {"inputs": "x"}),
+        ("/embed_all", {"inputs": "x"}),
+        ("/v1/embeddings", {"input": "x", "model": PL}),
+        ("/v1/contextualizedembeddings", {"input": [["x"]], "model": PL}),
+    ],
+)
+async def test_a_colbert_model_gives_no_other_vectors(url: str, path: str, body: dict) -> None:
+    status, doc = await _call(url, body, PL, path)
+    assert status in (400, 422) and "ColBERT model" in str(doc), doc
