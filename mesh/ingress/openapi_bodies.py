@@ -300,6 +300,11 @@ def _tei_info() -> Schema:
         "auto_truncate": BOOL,
         # Ours: the width of /embed_multivector's per-token vectors (0: no multi-vector head).
         "multivector_dims": INT,
+        # Ours: a ColBERT model's query and document lengths in tokens; null for other models.
+        "late_interaction": {
+            **obj({"query_length": INT, "document_length": INT}, "query_length", "document_length"),
+            "nullable": True,
+        },
         "version": STR,
         "sha": NULLABLE_STR,
         "docker_label": NULLABLE_STR,

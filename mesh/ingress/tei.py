@@ -286,6 +286,14 @@ def info_doc(model: ModelInfo, state: IngressState) -> dict[str, object]:
         "max_embed_all_values": MAX_TOKEN_VECTOR_VALUES,
         # Ours: the width of /embed_multivector's per-token vectors; 0: the model has no such head.
         "multivector_dims": model.multivector_dims,
+        # Ours: a ColBERT model's query and document lengths in tokens, markers included (a
+        # query expanded with [MASK] has exactly query_length vectors); null for other models.
+        "late_interaction": None
+        if model.late_interaction is None
+        else {
+            "query_length": model.late_interaction.query_length,
+            "document_length": model.late_interaction.document_length,
+        },
         # Ours: true for an embedder that /embed_sparse also takes (bge-m3's lexical weights).
         "embed_sparse": model.task == "sparse" or model.lexical,
         "version": VERSION,

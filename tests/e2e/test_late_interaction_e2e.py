@@ -71,6 +71,13 @@ async def test_queries_and_documents_equal_the_libraries_formula(
         assert cos.min() >= 0.99999, cos
 
 
+async def test_info_states_the_lengths(url: str) -> None:
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/info", headers={HEADER: AI}) as r:
+        info = await r.json()
+    assert info["multivector_dims"] == 16
+    assert info["late_interaction"] == {"query_length": 12, "document_length": 24}
+
+
 async def test_base64_and_the_default_document(url: str, dirs: dict[str, Path]) -> None:
     status, doc = await _call(url, {"inputs": TEXTS[0], "encoding_format": "base64"}, PL)
     assert status == 200, doc

@@ -100,7 +100,7 @@ async def test_colbert_vectors_equal_the_formula_and_embed_all_stays_raw(
 
 async def test_info_states_the_width_and_a_model_without_the_head_is_refused(url: str) -> None:
     status, info = await _call(url, "GET", "/info", None, M3)
-    assert status == 200 and info["multivector_dims"] == 32
+    assert status == 200 and info["multivector_dims"] == 32 and info["late_interaction"] is None
     status, info = await _call(url, "GET", "/info", None, PLAIN)
     assert status == 200 and info["multivector_dims"] == 0
     status, doc = await _call(url, "POST", "/embed_multivector", {"inputs": "x"}, PLAIN)
