@@ -14,6 +14,12 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+# FlagEmbedding's heads beside a bge-m3 backbone (converted by ``convert_m3``): read by
+# ``lexical.py`` and ``colbert.py`` on their own, never part of the backbone's weights. Both hold
+# ``weight`` and ``bias``, so reading them with the backbone made a real bge-m3 (both heads)
+# fail to load ("weight 'bias' appears twice").
+SIDE_HEAD_FILES = ("sparse_linear.safetensors", "colbert_linear.safetensors")
+
 
 class WeightSource:
     """Named tensors of a model directory, checkpoint prefixes stripped, read lazily.
@@ -30,7 +36,9 @@ class WeightSource:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             files = sorted({model_dir / f for f in weight_map.values()})
         else:
-            files = sorted(model_dir.glob("*.safetensors"))
+            files = sorted(
+                f for f in model_dir.glob("*.safetensors") if f.name not in SIDE_HEAD_FILES
+            )
         if not files:
             raise FileNotFoundError(f"no *.safetensors in {model_dir}")
         self._handles = [safe_open(str(f), framework="pt") for f in files]

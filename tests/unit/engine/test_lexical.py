@@ -184,3 +184,28 @@ def test_the_converter_converts_both_of_bge_m3s_pickled_heads(tmp_path: Path) ->
     torch.save({"weight": torch.eye(4), "bias": torch.zeros(4)}, tmp_path / "colbert_linear.pt")
     written = convert_m3.convert(tmp_path)
     assert [p.name for p in written] == [HEAD_FILE, "colbert_linear.safetensors"]
+
+
+def test_a_directory_with_both_bge_m3_heads_loads_with_both(m3_dir: Path, tmp_path: Path) -> None:
+    """Real bge-m3 ships both heads beside the backbone (each ``weight`` and ``bias``): they
+    are its heads, not backbone weights read twice."""
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from mesh.worker.engine.colbert import M3_HEAD
+    from mesh.worker.engine.weights import SIDE_HEAD_FILES
+
+    assert set(SIDE_HEAD_FILES) == {HEAD_FILE, f"{M3_HEAD}.safetensors"}
+    both = tmp_path / "m3-both"
+    shutil.copytree(m3_dir, both)
+    hidden = json.loads((m3_dir / "config.json").read_text())["hidden_size"]
+    head = {"weight": torch.eye(hidden), "bias": torch.zeros(hidden)}
+    save_file(head, str(both / f"{M3_HEAD}.safetensors"))
+    engine = Engine.load(both, threads=2)
+    assert engine.lexical is not None and engine.card.multivector is not None
+    assert engine.card.multivector.out_features == hidden
+    ids, offsets = _packed(engine, TEXTS[:2])
+    _, weights = engine.embed_lexical(ids, offsets)
+    assert weights.shape[0] == 2 and float(weights.max()) > 0
