@@ -17,13 +17,17 @@ request asks for truncation, else refused, as any over-long input.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mesh.client.request import ValidRequest, lane_for
+from mesh.client.request import ValidRequest, guess_lane, lane_for
 from mesh.client.tokenize import ModelTokenizer
 from mesh.errors import InvalidInput, TooLarge
 from proto_msgs import LateInteraction, ModelInfo, OutputOptions
+
+if TYPE_CHECKING:
+    from mesh.client.client import MeshClient
 
 INPUT_TYPES = ("query", "document")
 
@@ -71,20 +75,19 @@ def layout(
 
 
 async def prepare_late_interaction(
-    client: object, texts: list[str], info: ModelInfo, input_type: str, truncate: bool,
+    client: MeshClient, texts: list[str], info: ModelInfo, input_type: str, truncate: bool,
     lane: int | None, max_values: int,
 ) -> ValidRequest:  # fmt: skip
     """The request for a ColBERT model's per-token vectors of ``texts`` as queries or
-    documents (``input_type``); ``client`` a ``MeshClient``. TooLarge past ``max_values``
+    documents (``input_type``). TooLarge past ``max_values``
     numbers (vectors x width) in the answer."""
     late = info.late_interaction
     assert late is not None
     if input_type not in INPUT_TYPES:
         raise InvalidInput(f"'input_type' must be one of {', '.join(INPUT_TYPES)}; got "
                            f"{input_type!r}", param="input_type")  # fmt: skip
-    tok = await client.tokenizer(info)  # type: ignore[attr-defined]
-    lane_guess = lane_for(sum(map(len, texts)) // 4, lane)
-    ids, lengths = await client.tokenizers.encode(tok, texts, True, lane_guess)  # type: ignore[attr-defined]
+    tok = await client.tokenizer(info)
+    ids, lengths = await client.tokenizers.encode(tok, texts, True, guess_lane(texts, lane))
     query = input_type == "query"
     ids, lengths, spans, span_offsets = layout(tok, late, ids, lengths, query, truncate)
     values = len(spans) * info.multivector_dims
@@ -98,4 +101,5 @@ async def prepare_late_interaction(
     np.cumsum(lengths, out=offsets[1:])
     output = OutputOptions(dims=None, normalize=True, kind="float32", rows="multivector")
     valid = ValidRequest(info, ids, offsets, lengths, output, lane_for(len(ids), lane))
+    client._check_backlog(info, valid.lane, valid.tokens)  # 429 before any work, as for any
     return dataclasses.replace(valid, spans=spans, span_offsets=span_offsets)

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from proto_msgs import ModelInfo, ProtocolError, WorkerReady, decode, encode
+from proto_msgs import LateInteraction, ModelInfo, ProtocolError, WorkerReady, decode, encode
 
 CARD = ModelInfo(
     name="m", aliases=[], dims=2, max_input_tokens=16, vocab_size=100, pooling="cls",
@@ -50,3 +50,27 @@ def test_a_sparse_card_may_be_as_wide_as_its_vocabulary():
 def test_a_lexical_embedder_card_decodes():
     m3 = dataclasses.replace(CARD, task="embed", labels=[], activation="", lexical=True)
     assert decode(encode(_ready(m3))).model.lexical
+
+
+COLBERT = dataclasses.replace(
+    CARD, task="embed", labels=[], activation="", dims=32, multivector_dims=16,
+    late_interaction=LateInteraction(1, 2, 12, 16, expansion=99, skiplist=[5, 6]),
+)  # fmt: skip
+
+
+def test_a_colbert_card_travels_whole():
+    assert decode(encode(_ready(COLBERT))).model == COLBERT
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"multivector_dims": 0},  # the ingress would ask for vectors of no head
+        {"late_interaction": LateInteraction(1, 2, 12, 17, expansion=99)},  # over the limit
+        {"late_interaction": LateInteraction(1, 100, 12, 16)},  # a marker outside the vocab
+        {"late_interaction": LateInteraction(1, 2, 12, 16, skiplist=[-1])},
+    ],
+)
+def test_a_colbert_card_the_ingress_could_not_lay_out_is_refused(change):
+    with pytest.raises(ProtocolError):
+        decode(encode(_ready(dataclasses.replace(COLBERT, **change))))
