@@ -97,7 +97,7 @@ def _colbert_ai(model_dir: Path, tok: Tokenizer) -> ColbertModel:
     meta = _read_json(model_dir / "artifact.metadata")
     if not isinstance(meta, dict):
         raise ValueError("colbert-ai checkpoint (HF_ColBERT) without artifact.metadata")
-    meta = {**COLBERT_AI_DEFAULTS, **meta.get("config", meta)}
+    meta = _with_defaults(COLBERT_AI_DEFAULTS, meta.get("config", meta))
     if meta["similarity"] != "cosine" or meta["interaction"] != "colbert":
         raise ValueError(
             f"colbert-ai similarity {meta['similarity']!r}, interaction {meta['interaction']!r}: "
@@ -132,7 +132,9 @@ def _pylate(model_dir: Path, tok: Tokenizer) -> ColbertModel:
     if activation.rsplit(".", 1)[-1] != "Identity" or dense.get("use_residual"):
         raise ValueError(f"PyLate Dense {dense_dir!r}: activation {activation!r}, use_residual "
                          f"{dense.get('use_residual')}: served is Identity without residual")  # fmt: skip
-    st = {**PYLATE_DEFAULTS, **(_read_json(model_dir / "config_sentence_transformers.json") or {})}
+    st = _with_defaults(
+        PYLATE_DEFAULTS, _read_json(model_dir / "config_sentence_transformers.json") or {}
+    )
     if st["similarity_fn_name"] not in ("MaxSim", None):
         raise ValueError(f"PyLate similarity {st['similarity_fn_name']!r}: served is MaxSim")
     if not st["query_prefix"] or not st["document_prefix"]:
@@ -151,6 +153,11 @@ def _pylate(model_dir: Path, tok: Tokenizer) -> ColbertModel:
     )
     masked = expand and not st["attend_to_expansion_tokens"]
     return ColbertModel("pylate", tokens, masked, f"{dense_dir}/model.safetensors", "linear.")
+
+
+def _with_defaults(defaults: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` over the library's defaults; a null is the library's default too."""
+    return {**defaults, **{k: v for k, v in saved.items() if v is not None}}
 
 
 def _token_id(tok: Tokenizer, token: str, what: str) -> int:
