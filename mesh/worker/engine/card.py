@@ -199,6 +199,8 @@ def read_card(model_dir: str | Path, served_name: str | None = None) -> ModelCar
             f"this one is {family!r}"
         )
     colbert = read_colbert(model_dir, config)
+    if colbert is not None and causal:  # its expansion keys assume every token sees every key
+        raise ValueError(f"ColBERT model ({colbert.layout}) over a causal decoder is not served")
     multivector = read_multivector(model_dir, config, colbert)
     tokenizer_path = model_dir / "tokenizer.json"
     if not tokenizer_path.is_file():

@@ -85,8 +85,6 @@ def read_colbert(model_dir: str | Path, config: dict[str, Any]) -> ColbertModel 
     layout = colbert_layout(model_dir, config)
     if layout is None:
         return None
-    if config.get("is_decoder") or config.get("is_causal"):
-        raise ValueError(f"ColBERT model ({layout}) with a causal encoder is not served")
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     if layout == "colbert-ai":
         return _colbert_ai(model_dir, tok)
