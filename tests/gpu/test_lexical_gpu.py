@@ -69,10 +69,12 @@ def test_bf16_lexical_weights_match_fp32_flag_embedding_formula_on_the_gpu(
     ours = weights.cpu().numpy()
     ref = _reference(model_dir, ids, offsets, engine.vocab_size)
     for got, want in zip(ours, ref, strict=True):
-        if not want.any():
-            # Every non-special token's relu'd weight is 0 in fp32 (one-word text "a" has a
-            # single such token): bf16 may round a weight just above 0, nothing more.
-            assert got.max() < 0.05 * max(float(ref.max()), 1e-6), got.max()
+        tiny = 0.01 * float(ref.max())
+        if want.max() < tiny:
+            # Every weight of the text is within bf16's rounding of 0 (the one-word text "a":
+            # fp32 gives its one token 0.0034 where other texts reach 14.6, bf16 gave 0 on the
+            # H200): nothing to compare a direction with; bf16 must not invent a weight.
+            assert got.max() < tiny, got.max()
             continue
         cos = got @ want / (np.linalg.norm(got) * np.linalg.norm(want))
         assert cos >= 0.999, cos

@@ -1,0 +1,130 @@
+"""The CUDA attention of the models that need masks (MPNet's relative bias, ModernBERT's and
+Gemma 3's sliding windows): sequences sorted by length, padded into groups, one masked SDPA
+call per group and layer.
+
+Why not :class:`~mesh.worker.engine.attention.SdpaPerSequence` there: a loop of one SDPA
+call (and one mask) per sequence per layer is a few thousand small kernels a batch. On the
+H200 it ran those families at 8-14 thousand tokens/s (`bench/families.py`, 2026-12-03:
+ModernBERT-base 0.008 M tok/s, EmbeddingGemma-300m 0.008, MPNet-base 0.014; BERT-base on
+FlashInfer 2.42 M), 15-30 times slower than sentence-transformers' padded batches. Here a
+batch costs a few calls per layer, its masks are built once per batch (per window size and
+per bias), and padding stays within ``waste`` of the real tokens.
+
+Same contract as the other backends (``attention.py``): ``plan`` once per batch, ``run``
+per layer, ``takes_masks`` and ``takes_keys``. Not capturable in a CUDA graph (``plan``
+reads the lengths on the host), so these models still run eagerly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class _Group:
+    index: torch.Tensor  # [g, w] token rows gathered (padding: the sequence's first token)
+    valid: torch.Tensor  # [g, w] real tokens
+    keys: torch.Tensor  # [g, w] tokens that are keys (real, and within the sequence's keys)
+    dest: torch.Tensor  # index[valid]: where the group's real outputs go
+    masks: dict[tuple[int | None, int], torch.Tensor] = field(default_factory=dict)
+
+
+class SdpaGrouped:
+    """Length-sorted groups of padded sequences, one SDPA a group (see the module doc)."""
+
+    takes_masks = True
+    takes_keys = True
+
+    def __init__(self, max_group_tokens: int = 8192, waste: float = 1.25) -> None:
+        self._max_group_tokens = max_group_tokens
+        self._waste = waste
+        self._groups: list[_Group] = []
+        self._causal = False
+        self._scale: float | None = None
+
+    def plan(
+        self,
+        cu_seqlens: torch.Tensor,
+        causal: bool,
+        scale: float | None = None,
+        keys: np.ndarray | None = None,
+    ) -> None:
+        self._causal, self._scale = causal, scale
+        cu = cu_seqlens.tolist()  # one host sync per batch
+        lens = [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
+        nkeys = lens if keys is None else [min(int(k), n) for k, n in zip(keys, lens, strict=True)]
+        order = sorted((i for i in range(len(lens)) if lens[i] > 0), key=lambda i: -lens[i])
+        self._groups = []
+        group: list[int] = []
+        for i in order:
+            if group:
+                padded = lens[group[0]] * (len(group) + 1)
+                real = sum(lens[j] for j in group) + lens[i]
+                if padded > self._max_group_tokens or padded > self._waste * real:
+                    self._groups.append(self._group(group, cu, lens, nkeys, cu_seqlens.device))
+                    group = []
+            group.append(i)
+        if group:
+            self._groups.append(self._group(group, cu, lens, nkeys, cu_seqlens.device))
+
+    @staticmethod
+    def _group(
+        group: list[int], cu: list[int], lens: list[int], nkeys: list[int], device: torch.device
+    ) -> _Group:
+        width = lens[group[0]]
+        starts = torch.tensor([cu[i] for i in group], device=device)
+        cols = torch.arange(width, device=device)
+        valid = cols[None, :] < torch.tensor([lens[i] for i in group], device=device)[:, None]
+        keys = cols[None, :] < torch.tensor([nkeys[i] for i in group], device=device)[:, None]
+        index = starts[:, None] + torch.where(valid, cols[None, :], 0)
+        return _Group(index, valid, keys, index[valid])
+
+    def _mask(self, g: _Group, window: int | None, bias: torch.Tensor | None) -> torch.Tensor:
+        """The group's ``attn_mask``: its keys, the causal and window limits; with a bias, the
+        bias where allowed and -inf elsewhere. Padding queries see every key of their
+        sequence, so no row is all -inf (their outputs are dropped anyway)."""
+        cache = (window, 0 if bias is None else id(bias))
+        mask = g.masks.get(cache)
+        if mask is not None:
+            return mask
+        width = g.index.shape[1]
+        allowed = g.keys[:, None, None, :]  # [g, 1, 1, w]
+        i = torch.arange(width, device=g.index.device)
+        if self._causal:
+            allowed = allowed & (i[:, None] >= i[None, :])
+        if window is not None and width - 1 > window:
+            allowed = allowed & ((i[:, None] - i[None, :]).abs() <= window)
+        padding_rows = ~g.valid[:, None, :, None] & g.keys[:, None, None, :]
+        allowed = allowed | padding_rows  # [g, 1, w, w]
+        if bias is None:
+            mask = allowed
+        else:
+            mask = bias[None, :, :width, :width].masked_fill(~allowed, float("-inf"))
+        g.masks[cache] = mask
+        return mask
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        window: int | None = None,
+    ) -> torch.Tensor:
+        out = torch.empty_like(q)
+        gqa = q.shape[1] != k.shape[1]
+        for g in self._groups:
+            o = F.scaled_dot_product_attention(
+                q[g.index].transpose(1, 2),
+                k[g.index].transpose(1, 2),
+                v[g.index].transpose(1, 2),
+                attn_mask=self._mask(g, window, bias),
+                scale=self._scale,
+                enable_gqa=gqa,
+            )
+            out[g.dest] = o.transpose(1, 2)[g.valid]
+        return out

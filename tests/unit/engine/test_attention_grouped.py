@@ -1,0 +1,61 @@
+"""The grouped SDPA backend (CUDA's for masked families) against the per-sequence one: the same
+outputs for every mask the families use (MPNet's bias, windows, causal, grouped-query heads,
+ColBERT's key counts), over batches whose lengths force several groups and padding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mesh.worker.engine.attention import SdpaPerSequence
+from mesh.worker.engine.attention_grouped import SdpaGrouped
+
+LENGTHS = [1, 3, 7, 8, 16, 17, 40, 41, 5, 64, 2, 33]
+
+
+def _batch(hq: int, hkv: int, d: int = 16, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(LENGTHS)
+    q = torch.randn(total, hq, d, generator=gen)
+    k = torch.randn(total, hkv, d, generator=gen)
+    v = torch.randn(total, hkv, d, generator=gen)
+    cu = torch.tensor(np.cumsum([0, *LENGTHS]), dtype=torch.int32)
+    return q, k, v, cu
+
+
+@pytest.mark.parametrize(
+    ("causal", "window", "with_bias", "hkv"),
+    [(False, None, False, 4), (False, 4, False, 4), (False, None, True, 4),
+     (True, None, False, 2), (True, 6, False, 1), (False, 4, True, 4)],
+)  # fmt: skip
+def test_grouped_equals_per_sequence(causal: bool, window: int | None, with_bias: bool, hkv: int):
+    q, k, v, cu = _batch(4, hkv)
+    bias = torch.randn(4, 64, 64, generator=torch.Generator().manual_seed(1)) if with_bias else None
+    want, got = SdpaPerSequence(), SdpaGrouped(max_group_tokens=96, waste=1.3)
+    want.plan(cu, causal, scale=0.3)
+    got.plan(cu, causal, scale=0.3)
+    assert len(got._groups) > 2  # several groups, with padding
+    for _ in range(2):  # a second layer reuses the cached masks
+        expected = want.run(q, k, v, bias=bias, window=window)
+        actual = got.run(q, k, v, bias=bias, window=window)
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.isnan(actual).any()
+
+
+def test_key_counts_leave_the_tail_out_as_the_per_sequence_backend_does():
+    q, k, v, cu = _batch(2, 2)
+    keys = np.array([max(1, n - 2) for n in LENGTHS])
+    want, got = SdpaPerSequence(), SdpaGrouped(max_group_tokens=128)
+    want.plan(cu, False, keys=keys)
+    got.plan(cu, False, keys=keys)
+    torch.testing.assert_close(got.run(q, k, v), want.run(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def test_a_batch_of_one_sequence_and_empty_sequences():
+    q, k, v, _ = _batch(2, 2)
+    cu = torch.tensor([0, 0, 5, 5], dtype=torch.int32)
+    want, got = SdpaPerSequence(), SdpaGrouped()
+    want.plan(cu, True)
+    got.plan(cu, True)
+    torch.testing.assert_close(got.run(q[:5], k[:5], v[:5]), want.run(q[:5], k[:5], v[:5]))
