@@ -117,7 +117,11 @@ class SdpaGrouped:
     ) -> torch.Tensor:
         out = torch.empty_like(q)
         gqa = q.shape[1] != k.shape[1]
-        for g in self._groups:
+        for n, g in enumerate(self._groups):
+            if g.index.device != q.device:  # planned from the host copy of cu_seqlens
+                g = self._groups[n] = _Group(
+                    *(t.to(q.device) for t in (g.index, g.valid, g.keys, g.dest))
+                )
             o = F.scaled_dot_product_attention(
                 q[g.index].transpose(1, 2),
                 k[g.index].transpose(1, 2),
