@@ -12,7 +12,7 @@ configs). The window, as transformers builds it: bidirectional, keys at most
 ``sliding_window // 2`` positions away (the config's in-memory value is ``saved // 2 + 1``,
 an exclusive bound); causal, the ``sliding_window`` most recent keys.
 
-On CUDA: the window goes to torch SDPA per sequence as a mask (``needs_masks``:
+On CUDA: the window goes to torch SDPA over length-sorted padded groups as a mask (``needs_masks``:
 ``gpu.GpuRunner`` picks that backend and captures no graphs); eager torch for the rest.
 """
 

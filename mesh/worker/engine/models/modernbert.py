@@ -10,7 +10,7 @@ window of ``local_attention // 2`` tokens either side (``layer_types``, or every
 RoPE theta (160k global, 10k local by default). Biases (``norm_bias``, ``attention_bias``,
 ``mlp_bias``) are taken where the checkpoint has them.
 
-On CUDA: the window goes to torch SDPA per sequence as a mask (``needs_masks``:
+On CUDA: the window goes to torch SDPA over length-sorted padded groups as a mask (``needs_masks``:
 ``gpu.GpuRunner`` picks that backend and captures no graphs) and the non-GEMM parts run in
 eager torch (no fused kernels yet). FlashInfer's ragged prefill takes a ``window_left``
 at ``plan``, so two planned wrappers (global and local) would keep it on the fast path:
