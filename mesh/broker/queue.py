@@ -248,9 +248,11 @@ class Queue:
         three credits holds a second bulk batch to start while the first one's reply
         travels, instead of idling for that round trip (issue 8: with the cap whole, bulk
         kept 0.79-0.84 of its solo rate). And while live, a worker's ``last_credit`` (the
-        broker says so only for workers of several credits) takes no bulk at all: batches
-        of bulk smaller than the cap would otherwise fill every credit, and a query arriving
-        then waited in the broker for one to come back (3.5 ms mean on the H200).
+        broker says so only for workers of several credits) takes no more bulk once the
+        worker holds some: batches of bulk smaller than the cap would otherwise fill every
+        credit, and a query arriving then waited in the broker for one to come back (3.5 ms
+        mean on the H200). A worker holding no bulk may give it even its last credit, or
+        queries overlapping at every reply would keep bulk out for good.
         """
         if max_batch_tokens < 1 or max_batch_requests < 1:
             raise ValueError("a batch budget needs at least one token and one sequence")
@@ -260,7 +262,8 @@ class Queue:
         room = max_batch_tokens  # for batch-lane tokens in this batch
         if bulk_cap is not None and self._live(mq, now):
             share = -(-bulk_cap // max(1, bulk_split))  # ceil: the split never loses a token
-            room = 0 if last_credit else min(room, bulk_cap - bulk_held, share)
+            keep_free = last_credit and bulk_held > 0
+            room = 0 if keep_free else min(room, bulk_cap - bulk_held, share)
         batch = FormedBatch()
         head = self._head(mq, Lane.BATCH, now, batch)
         aged = head is not None and now - head.request.submitted_at >= self.aging_s

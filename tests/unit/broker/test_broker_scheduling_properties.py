@@ -111,12 +111,20 @@ class SchedulingMachine(RuleBasedStateMachine):
         worker=st.sampled_from(WORKERS),
         bulk_cap=st.none() | st.integers(1, 150),
         split=st.integers(1, 3),
+        last=st.booleans(),
     )
-    def form_batch(self, model, budget, cap, worker, bulk_cap, split) -> None:
-        self.form(model, budget, cap, worker, bulk_cap, split)
+    def form_batch(self, model, budget, cap, worker, bulk_cap, split, last) -> None:
+        self.form(model, budget, cap, worker, bulk_cap, split, last)
 
     def form(
-        self, model: str, budget: int, cap: int, worker: bytes, bulk_cap=None, split: int = 1
+        self,
+        model: str,
+        budget: int,
+        cap: int,
+        worker: bytes,
+        bulk_cap=None,
+        split: int = 1,
+        last: bool = False,
     ) -> None:
         aged, waiting = self.live_head(model, Lane.BATCH), self.live_head(model, Lane.INTERACTIVE)
         if aged is None or waiting is None or self.now - aged[0].submitted_at < AGING_S:
@@ -125,7 +133,10 @@ class SchedulingMachine(RuleBasedStateMachine):
         capped = bulk_cap is not None and self.queue.live(model, self.now)
         share = -(-bulk_cap // split) if capped else budget
         room = min(budget, bulk_cap - held, share) if capped else budget
-        batch = self.queue.form_batch(model, budget, cap, self.now, bulk_cap, held, split)
+        kept_free = capped and last and held > 0  # the last credit stays the queries'
+        if kept_free:
+            room = 0
+        batch = self.queue.form_batch(model, budget, cap, self.now, bulk_cap, held, split, last)
         if batch is None:
             if not capped or room > 0:
                 assert all(self.live_head(model, lane) is None for lane in Lane)
@@ -139,6 +150,7 @@ class SchedulingMachine(RuleBasedStateMachine):
         assert batch.sequences == sum(p.end - p.start for p in batch.slices) <= cap
         bulk = [p for p in batch.slices if p.request.lane == Lane.BATCH]
         assert batch.bulk_tokens == sum(p.tokens for p in bulk)
+        assert not (kept_free and bulk), "a kept-free last credit took bulk"
         if capped:
             # Over the cap only by one head sequence that had to start an empty share.
             one = sum(p.end - p.start for p in bulk) == 1 and held < bulk_cap

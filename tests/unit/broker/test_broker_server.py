@@ -88,6 +88,29 @@ def test_while_live_the_last_free_credit_takes_no_bulk_smaller_than_the_cap():
     assert query.n == 1 and set(query.token_ids.tolist()) == {7}
 
 
+def test_queries_overlapping_at_every_reply_do_not_keep_bulk_out():
+    # Two credits, a query always in flight: the free credit is always the last one. It keeps
+    # no more bulk once the worker holds some, but bulk that holds none must still get it
+    # (this starved bulk for good: a request under load waited 120 s for its deadline).
+    h = Harness(aging_s=60.0)
+    h.add_worker(msg=ready(credits=2, max_batch_tokens=64))
+    h.submit(submit(1000, [4], lane=0, token=7))
+    [(_, query)] = h.back.take(BatchAssign)
+    h.submit(submit(1, [16] * 16, lane=1))  # 256 bulk tokens
+    bulk_sent = 0
+    for step in range(40):
+        sent = [m for _, m in h.back.take(BatchAssign)]
+        bulk = [m for m in sent if 7 not in m.token_ids.tolist()]
+        bulk_sent += sum(m.n * 16 for m in bulk)
+        h.submit(submit(1001 + step, [4], lane=0, token=7))  # the next query, then the reply
+        h.back.push(b"w1", answer(query))
+        for m in bulk:
+            h.back.push(b"w1", answer(m))
+        h.pump()
+        query = next(m for _, m in h.back.sent if 7 in m.token_ids.tolist())
+    assert bulk_sent == 256
+
+
 def test_while_live_a_slow_worker_holds_only_live_bulk_ms_of_bulk():
     # A CPU-like worker: 1024-token batches that take a second each, so one held batch would
     # keep a query waiting a second; at 100 ms of its compute it may hold ~102 bulk tokens.
