@@ -75,6 +75,13 @@ def colbert_layout(model_dir: Path, config: dict[str, Any]) -> str | None:
     st = _read_json(model_dir / "config_sentence_transformers.json") or {}
     if "query_prefix" in st or any(str(m.get("type", "")).startswith("pylate.") for m in modules):
         return "pylate"
+    named = [a for a in config.get("architectures") or [] if "colbert" in str(a).lower()]
+    if named:
+        # A ColBERT of a layout not read here would otherwise load as a pooled embedder.
+        raise ValueError(
+            f"architecture {named[0]!r} is a ColBERT model of a layout not served: served are "
+            "colbert-ai's HF_ColBERT (with artifact.metadata) and PyLate's"
+        )
     return None
 
 
@@ -86,9 +93,24 @@ def read_colbert(model_dir: str | Path, config: dict[str, Any]) -> ColbertModel 
     if layout is None:
         return None
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    if layout == "colbert-ai":
-        return _colbert_ai(model_dir, tok)
-    return _pylate(model_dir, tok)
+    found = _colbert_ai(model_dir, tok) if layout == "colbert-ai" else _pylate(model_dir, tok)
+    _check_tokens(found, config)
+    return found
+
+
+def _check_tokens(found: ColbertModel, config: dict[str, Any]) -> None:
+    """What the layout's files may say that would give a token nothing to attend to: a marker
+    equal to the expansion token (``key_lengths`` would cut the query at it), or, on a family
+    with a sliding window, expansion tokens farther from the text than the window."""
+    t = found.tokens
+    if t.expansion != -1 and t.expansion in (t.query_marker, t.document_marker):
+        raise ValueError("ColBERT: a role marker is the query expansion token; they must differ")
+    window = config.get("local_attention") or config.get("sliding_window")
+    if found.mask_expansion and window and t.query_length - 1 > int(window) // 2:
+        raise ValueError(
+            f"ColBERT: query_length {t.query_length} with masked expansion tokens over a "
+            f"sliding window of {window}: the last expansion tokens would see no key"
+        )
 
 
 def _colbert_ai(model_dir: Path, tok: Tokenizer) -> ColbertModel:

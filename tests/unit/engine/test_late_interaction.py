@@ -110,6 +110,10 @@ def test_key_lengths_leave_out_only_a_query_s_trailing_expansion():
         ("1_Dense/config.json", {"activation_function": "torch.nn.modules.activation.Tanh"},
          "Identity"),
         ("config_sentence_transformers.json", {"query_prefix": "[nope] "}, "query_prefix"),
+        # A marker that is the expansion token would cut a query's keys at the marker.
+        ("artifact.metadata", {"query_token_id": "[MASK]"}, "marker is the query expansion"),
+        # Masked expansion tokens over a window narrower than the query: some see no key.
+        ("config.json", {"local_attention": 8}, "sliding window"),
     ],
 )  # fmt: skip
 def test_what_is_not_served_is_refused_by_name(tmp_path, file, change, match):
@@ -141,3 +145,15 @@ def test_the_gpu_backends_key_rows_are_each_sequence_s_leading_keys():
         a, b, c, d = int(cu[i]), int(cu[i + 1]), int(kv_cu[i]), int(kv_cu[i + 1])
         ref = torch.softmax(torch.einsum("qhd,khd->hqk", q[a:b], kk[c:d]) / 8**0.5, -1)
         torch.testing.assert_close(got[a:b], torch.einsum("hqk,khd->qhd", ref, vv[c:d]))
+
+
+def test_a_colbert_architecture_of_a_layout_not_served_is_refused(tmp_path):
+    import json
+
+    model_dir = build_colbert_ai(tmp_path / "m")
+    (model_dir / "artifact.metadata").unlink()
+    cfg = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**cfg, "architectures": ["ColBERTModel"]}))
+    # Without it, it would load as a pooled embedder of the BERT under it: wrong vectors.
+    with pytest.raises(ValueError, match="ColBERTModel.*layout not served"):
+        read_card(model_dir)
