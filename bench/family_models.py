@@ -289,7 +289,6 @@ def _write_splade_modules(path: Path) -> None:
 
 def _write_m3_heads(path: Path, hidden: int) -> int:
     """bge-m3's heads beside the backbone, as ``convert_m3`` writes them (std-0.02 weights)."""
-    from safetensors import safe_open
     from safetensors.torch import save_file
 
     gen = torch.Generator().manual_seed(1)
@@ -300,13 +299,8 @@ def _write_m3_heads(path: Path, hidden: int) -> int:
     }
     save_file(sparse, str(path / "sparse_linear.safetensors"))
     save_file(colbert, str(path / "colbert_linear.safetensors"))
-    # The loader's WeightSource reads every *.safetensors of a directory without an index, and
-    # both heads hold "weight" and "bias": "weight 'bias' appears twice". A one-shard index
-    # keeps it to the backbone's file (bge-m3 with both heads converted fails without one).
-    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
-        keys = list(f.keys())
-    index = {"metadata": {}, "weight_map": dict.fromkeys(keys, "model.safetensors")}
-    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    # No index file: the loader leaves both heads out of the backbone (weights.SIDE_HEAD_FILES),
+    # as a real bge-m3 converted with convert_m3 needs.
     return sum(t.numel() for t in (*sparse.values(), *colbert.values()))
 
 
