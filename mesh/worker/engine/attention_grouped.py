@@ -30,7 +30,21 @@ class _Group:
     valid: torch.Tensor  # [g, w] real tokens
     keys: torch.Tensor  # [g, w] tokens that are keys (real, and within the sequence's keys)
     dest: torch.Tensor  # index[valid]: where the group's real outputs go
+    # Where the real tokens sit in the flattened [g * w] slots: an integer gather, because
+    # indexing with ``valid`` (a boolean mask) reads its count back: a device sync a layer.
+    flat: torch.Tensor
     masks: dict[tuple[int | None, int], torch.Tensor] = field(default_factory=dict)
+
+    def to(self, device: torch.device) -> _Group:
+        """The group on ``device``, its tensors moved in one copy (one host sync a batch, not
+        five a group)."""
+        parts = (self.index, self.valid, self.keys, self.dest, self.flat)
+        packed = torch.cat([t.reshape(-1).to(torch.int64) for t in parts]).to(device)
+        pieces = packed.split([t.numel() for t in parts])
+        index, valid, keys, dest, flat = (
+            p.view(t.shape) for p, t in zip(pieces, parts, strict=True)
+        )
+        return _Group(index, valid.bool(), keys.bool(), dest, flat)
 
 
 class SdpaGrouped:
@@ -81,7 +95,8 @@ class SdpaGrouped:
         valid = cols[None, :] < torch.tensor([lens[i] for i in group], device=device)[:, None]
         keys = cols[None, :] < torch.tensor([nkeys[i] for i in group], device=device)[:, None]
         index = starts[:, None] + torch.where(valid, cols[None, :], 0)
-        return _Group(index, valid, keys, index[valid])
+        flat = torch.arange(valid.numel(), device=device)[valid.reshape(-1)]
+        return _Group(index, valid, keys, index[valid], flat)
 
     def _mask(self, g: _Group, window: int | None, bias: torch.Tensor | None) -> torch.Tensor:
         """The group's ``attn_mask``: its keys, the causal and window limits; with a bias, the
@@ -117,11 +132,10 @@ class SdpaGrouped:
     ) -> torch.Tensor:
         out = torch.empty_like(q)
         gqa = q.shape[1] != k.shape[1]
-        for n, g in enumerate(self._groups):
-            if g.index.device != q.device:  # planned from the host copy of cu_seqlens
-                g = self._groups[n] = _Group(
-                    *(t.to(q.device) for t in (g.index, g.valid, g.keys, g.dest))
-                )
+        if self._groups and self._groups[0].index.device != q.device:
+            # Planned from the host copy of cu_seqlens: moved once, at the first layer.
+            self._groups = [g.to(q.device) for g in self._groups]
+        for g in self._groups:
             o = F.scaled_dot_product_attention(
                 q[g.index].transpose(1, 2),
                 k[g.index].transpose(1, 2),
@@ -130,5 +144,6 @@ class SdpaGrouped:
                 scale=self._scale,
                 enable_gqa=gqa,
             )
-            out[g.dest] = o.transpose(1, 2)[g.valid]
+            rows = o.transpose(1, 2).reshape(-1, o.shape[1], o.shape[3])  # [g * w, H, D]
+            out[g.dest] = rows[g.flat]
         return out

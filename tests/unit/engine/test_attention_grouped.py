@@ -59,3 +59,16 @@ def test_a_batch_of_one_sequence_and_empty_sequences():
     want.plan(cu, True)
     got.plan(cu, True)
     torch.testing.assert_close(got.run(q[:5], k[:5], v[:5]), want.run(q[:5], k[:5], v[:5]))
+
+
+def test_a_group_moves_to_the_device_in_one_packed_copy_unchanged():
+    _, _, _, cu = _batch(2, 2)
+    backend = SdpaGrouped(max_group_tokens=96)
+    backend.plan(cu, False, keys=np.array([max(1, n - 1) for n in LENGTHS]))
+    for g in backend._groups:
+        moved = g.to(torch.device("cpu"))  # the same packing as to CUDA
+        for name in ("index", "valid", "keys", "dest", "flat"):
+            got, want = getattr(moved, name), getattr(g, name)
+            assert got.dtype == want.dtype and torch.equal(got, want), name
+        # The integer positions pick exactly the valid slots, in the same order.
+        assert torch.equal(g.flat, torch.nonzero(g.valid.reshape(-1)).reshape(-1))
