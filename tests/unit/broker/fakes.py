@@ -34,6 +34,11 @@ class FakeRouter:
         self.inbox: deque[list[Any]] = deque()
         self.sent: list[tuple[bytes, Message]] = []
 
+    def get(self, option: int) -> int:
+        """``zmq.EVENTS``: readable while peers' messages wait."""
+        assert option == zmq.EVENTS
+        return zmq.POLLIN if self.inbox else 0
+
     def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[Any]:
         if not self.inbox:
             raise zmq.Again()
