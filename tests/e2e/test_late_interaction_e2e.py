@@ -1,7 +1,9 @@
 """ColBERT checkpoints (colbert-ai's and PyLate's layouts) served by a real broker and workers,
 through HTTP: ``/embed_multivector`` with ``input_type`` query or document equals the
 libraries' formula (tests/colbert_reference.py), queries and documents sent at once so that
-batches mix them; what a ColBERT model does not take is refused by name."""
+batches can mix them (that a mixed batch keys each sequence its own way is asserted in
+``tests/unit/engine/test_late_interaction.py``); what a ColBERT model does not take is
+refused by name."""
 
 from __future__ import annotations
 
