@@ -16,6 +16,7 @@ from mesh.worker.engine.engine import Engine
 from mesh.worker.engine.lexical import HEAD_FILE, special_ids
 from mesh.worker.engine.sparse import sparse_rows
 from tests.st_models import build_m3_lexical
+from tests.unit.engine.engine_helpers import tokenized
 
 TEXTS = [
     "what are bge-m3's lexical weights",
@@ -32,13 +33,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _packed(engine: Engine) -> tuple[np.ndarray, np.ndarray]:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_str(engine.card.tokenizer_json.decode())
-    tok.no_padding()
-    ids = [e.ids for e in tok.encode_batch(TEXTS)]
-    offsets = np.cumsum([0] + [len(i) for i in ids]).astype(np.int32)
-    return np.concatenate(ids).astype(np.int32), offsets
+    return tokenized(engine.card.tokenizer_json, TEXTS)
 
 
 def _reference(model_dir: Path, ids: np.ndarray, offsets: np.ndarray, vocab: int) -> np.ndarray:

@@ -13,6 +13,7 @@ import torch
 
 from mesh.worker.engine.engine import Engine
 from tests.st_models import build_splade
+from tests.unit.engine.engine_helpers import tokenized
 
 TEXTS = [
     "what does a sparse lexical model expand a query into",
@@ -29,13 +30,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _packed(engine: Engine) -> tuple[np.ndarray, np.ndarray]:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_str(engine.card.tokenizer_json.decode())
-    tok.no_padding()
-    ids = [e.ids for e in tok.encode_batch(TEXTS)]
-    offsets = np.cumsum([0] + [len(i) for i in ids]).astype(np.int32)
-    return np.concatenate(ids).astype(np.int32), offsets
+    return tokenized(engine.card.tokenizer_json, TEXTS)
 
 
 def _reference(model_dir: Path, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:

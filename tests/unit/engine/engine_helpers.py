@@ -22,6 +22,18 @@ def pack(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return ids, offsets
 
 
+def tokenized(
+    tokenizer_json: bytes, texts: list[str], limit: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``texts`` through a model's tokenizer (a card's ``tokenizer_json``), unpadded and cut at
+    ``limit`` tokens when given, then ``pack``ed."""
+    tok = Tokenizer.from_str(tokenizer_json.decode())
+    tok.no_padding()
+    if limit is not None:
+        tok.enable_truncation(limit)
+    return pack([e.ids for e in tok.encode_batch(texts)])
+
+
 def cosines(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor) -> np.ndarray:
     a = torch.as_tensor(np.asarray(a), dtype=torch.float64)
     b = torch.as_tensor(np.asarray(b), dtype=torch.float64)

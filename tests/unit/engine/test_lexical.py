@@ -19,6 +19,7 @@ from mesh.worker.engine.sparse import sparse_rows
 from mesh.worker.pipeline import ResultPipeline
 from proto_msgs import BatchAssign, OutputOptions
 from tests.st_models import build_m3_lexical
+from tests.unit.engine.engine_helpers import tokenized
 
 TEXTS = [
     "what is a lexical weight?",
@@ -40,13 +41,7 @@ def engine(m3_dir: Path) -> Engine:
 
 
 def _packed(engine: Engine, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_str(engine.card.tokenizer_json.decode())
-    tok.no_padding()
-    ids = [e.ids for e in tok.encode_batch(texts)]
-    offsets = np.cumsum([0] + [len(i) for i in ids]).astype(np.int32)
-    return np.concatenate(ids).astype(np.int32), offsets
+    return tokenized(engine.card.tokenizer_json, texts)
 
 
 def _flag_embedding(m3_dir: Path, ids: np.ndarray, offsets: np.ndarray) -> list[dict[int, float]]:

@@ -18,6 +18,7 @@ from mesh.worker.engine.card import read_card
 from mesh.worker.engine.engine import Engine
 from mesh.worker.engine.sparse import sparse_rows
 from tests.st_models import build_splade
+from tests.unit.engine.engine_helpers import tokenized
 
 TEXTS = [
     "what is a sparse lexical representation?",
@@ -47,14 +48,7 @@ def reference(splade_dir: Path) -> np.ndarray:
 
 
 def _packed(engine: Engine, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_str(engine.card.tokenizer_json.decode())
-    tok.no_padding()
-    tok.enable_truncation(engine.card.max_input_tokens)
-    ids = [e.ids for e in tok.encode_batch(texts)]
-    offsets = np.cumsum([0] + [len(i) for i in ids]).astype(np.int32)
-    return np.concatenate(ids).astype(np.int32), offsets
+    return tokenized(engine.card.tokenizer_json, texts, engine.card.max_input_tokens)
 
 
 def test_the_card_of_a_splade_model_says_sparse_and_weighs_the_vocabulary(splade_dir: Path) -> None:
