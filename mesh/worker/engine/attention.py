@@ -53,8 +53,8 @@ class SdpaPerSequence:
     """CPU backend: one ``scaled_dot_product_attention`` call per sequence (also the CUDA
     backend of the models that need masks, eagerly: see ``gpu.GpuRunner``).
 
-    Chosen over :class:`SdpaBucketed` (block-diagonal masks over length-sorted groups) by
-    measurement: 2 torch threads, all-MiniLM-L6-v2 fp32, 8192-token batches of shuffled
+    Chosen over length-sorted padded groups (``attention_grouped.SdpaGrouped``, then with
+    groups of at most 4096 padded tokens) by measurement: 2 torch threads, all-MiniLM-L6-v2 fp32, 8192-token batches of shuffled
     corpus texts (40 % queries of ~18 tokens, 60 % passages of ~190, cut at 256; ~70
     sequences a batch), best of 4 interleaved passes: 1.21 s a batch per sequence vs 1.31 s
     bucketed; 420 queries alone (8192 tokens): 1.21 s vs 1.22 s. The Python loop over
@@ -141,72 +141,6 @@ def sequence_mask(
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     return scores[None]
-
-
-class SdpaBucketed:
-    """CPU backend: sequences sorted by length, padded into groups, one masked SDPA a group.
-
-    Kept as the measured alternative to :class:`SdpaPerSequence` (see there for numbers):
-    it ties on batches of short queries, so it is the candidate to revisit where Python
-    overhead per call is higher (slow hosts, many more heads). Groups are formed so that a group's padded size stays within ``max_group_tokens`` and
-    its padding within ``1 / waste`` of its real tokens.
-    """
-
-    def __init__(self, max_group_tokens: int = 4096, waste: float = 1.25) -> None:
-        self._max_group_tokens = max_group_tokens
-        self._waste = waste
-        self._groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self._causal = False
-        self._scale: float | None = None
-
-    def plan(self, cu_seqlens: torch.Tensor, causal: bool, scale: float | None = None) -> None:
-        self._causal = causal
-        self._scale = scale
-        cu = cu_seqlens.tolist()
-        lens = [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
-        order = sorted((i for i in range(len(lens)) if lens[i] > 0), key=lambda i: -lens[i])
-        self._groups = []
-        group: list[int] = []
-        for i in order:
-            if group:
-                width = lens[group[0]]
-                real = sum(lens[j] for j in group) + lens[i]
-                padded = width * (len(group) + 1)
-                if padded > self._max_group_tokens or padded > self._waste * real:
-                    self._add_group(group, cu, lens, cu_seqlens.device)
-                    group = []
-            group.append(i)
-        if group:
-            self._add_group(group, cu, lens, cu_seqlens.device)
-
-    def _add_group(self, group: list[int], cu: list[int], lens: list[int], device) -> None:
-        width = lens[group[0]]
-        starts = torch.tensor([cu[i] for i in group], device=device)
-        glens = torch.tensor([lens[i] for i in group], device=device)
-        cols = torch.arange(width, device=device)
-        valid = cols[None, :] < glens[:, None]
-        # Padding slots gather the sequence's first token: any finite row would do, the
-        # key mask hides it and its outputs are never scattered back.
-        index = starts[:, None] + torch.where(valid, cols[None, :], 0)
-        key_mask = valid[:, None, None, :]
-        if self._causal:
-            key_mask = key_mask & torch.ones(width, width, dtype=torch.bool, device=device).tril()
-        self._groups.append((index, valid, key_mask, index[valid]))
-
-    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = torch.empty_like(q)
-        gqa = q.shape[1] != k.shape[1]
-        for index, valid, key_mask, dest in self._groups:
-            o = F.scaled_dot_product_attention(
-                q[index].transpose(1, 2),
-                k[index].transpose(1, 2),
-                v[index].transpose(1, 2),
-                attn_mask=key_mask,
-                scale=self._scale,
-                enable_gqa=gqa,
-            )
-            out[dest] = o.transpose(1, 2)[valid]
-        return out
 
 
 def cpu_backend() -> AttentionBackend:

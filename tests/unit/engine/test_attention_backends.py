@@ -1,11 +1,13 @@
-"""Both CPU attention backends equal a naive masked attention over the packed batch."""
+"""The SDPA attention backends (per sequence, and length-sorted padded groups) equal a naive
+masked attention over the packed batch."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mesh.worker.engine.attention import SdpaBucketed, SdpaPerSequence
+from mesh.worker.engine.attention import SdpaPerSequence
+from mesh.worker.engine.attention_grouped import SdpaGrouped
 from mesh.worker.engine.pooling import pool, positions, segment_ids
 
 LENGTHS = [1, 5, 17, 2, 64, 3, 33, 1, 100]
@@ -25,7 +27,7 @@ def _naive(q, k, v, cu: torch.Tensor, causal: bool) -> torch.Tensor:
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-@pytest.mark.parametrize("backend", [SdpaPerSequence, SdpaBucketed])
+@pytest.mark.parametrize("backend", [SdpaPerSequence, SdpaGrouped])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 def test_backend_equals_block_diagonal_attention(backend, causal: bool, kv_heads: int) -> None:
