@@ -50,12 +50,12 @@ class AttentionBackend(Protocol):
 
 
 class SdpaPerSequence:
-    """CPU backend: one ``scaled_dot_product_attention`` call per sequence (also the CUDA
-    backend of the models that need masks, eagerly: see ``gpu.GpuRunner``).
+    """CPU backend: one ``scaled_dot_product_attention`` call per sequence. (On CUDA the
+    models that need masks run ``attention_grouped.SdpaGrouped`` instead: see there why.)
 
-    Chosen over length-sorted padded groups (``attention_grouped.SdpaGrouped``, then with
-    groups of at most 4096 padded tokens) by measurement: 2 torch threads, all-MiniLM-L6-v2 fp32, 8192-token batches of shuffled
-    corpus texts (40 % queries of ~18 tokens, 60 % passages of ~190, cut at 256; ~70
+    Chosen over length-sorted padded groups (``SdpaGrouped``, then with groups of at most
+    4096 padded tokens) by measurement: 2 torch threads, all-MiniLM-L6-v2 fp32, 8192-token
+    batches of shuffled corpus texts (40 % queries of ~18 tokens, 60 % passages of ~190, cut at 256; ~70
     sequences a batch), best of 4 interleaved passes: 1.21 s a batch per sequence vs 1.31 s
     bucketed; 420 queries alone (8192 tokens): 1.21 s vs 1.22 s. The Python loop over
     sequences costs less than gathering into padded groups and scattering back, and no
