@@ -21,8 +21,10 @@ from types import ModuleType
 import numpy as np
 import torch
 
+from tests.gpu.models import BERT_BASE as BASE  # the engine benchmark's shapes, one definition
+from tests.gpu.models import QWEN3_06B
+
 MAX_TOKENS = 512
-BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
 # --quick: two layers, 4 heads of 16; the vocabularies stay real (the tokenizer needs 30,522).
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
 TOKENIZER_FILES = (
@@ -80,16 +82,7 @@ FAMILIES: dict[str, FamilySpec] = {
         FamilySpec(
             "qwen3",
             "Qwen3",
-            dict(
-                vocab_size=151936,
-                hidden_size=1024,
-                num_hidden_layers=28,
-                num_attention_heads=16,
-                num_key_value_heads=8,
-                head_dim=128,
-                intermediate_size=3072,
-                max_position_embeddings=32768,
-            ),
+            dict(vocab_size=151936, **QWEN3_06B),
             quick=dict(num_key_value_heads=2, head_dim=16),
             pooling="lasttoken",
             reference="qwen3",
