@@ -14,11 +14,14 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from mesh.worker.engine.colbert import M3_HEAD as M3_COLBERT_HEAD
+from mesh.worker.engine.lexical import HEAD_FILE as LEXICAL_HEAD_FILE
+
 # FlagEmbedding's heads beside a bge-m3 backbone (converted by ``convert_m3``): read by
 # ``lexical.py`` and ``colbert.py`` on their own, never part of the backbone's weights. Both hold
 # ``weight`` and ``bias``, so reading them with the backbone made a real bge-m3 (both heads)
 # fail to load ("weight 'bias' appears twice").
-SIDE_HEAD_FILES = ("sparse_linear.safetensors", "colbert_linear.safetensors")
+SIDE_HEAD_FILES = (LEXICAL_HEAD_FILE, f"{M3_COLBERT_HEAD}.safetensors")
 
 
 class WeightSource:
