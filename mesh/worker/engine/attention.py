@@ -19,7 +19,12 @@ A backend with ``takes_masks`` also takes ``run(q, k, v, bias=..., window=...)``
 relative-position ``bias`` ``[Hq, L, L]`` of which each sequence adds its top-left
 ``[Hq, l, l]`` to the scaled scores (MPNet), and a sliding ``window`` (a token sees keys at
 most ``window`` positions away; ModernBERT's local layers). Only the SDPA backends take
-them; the models that need them say so (``needs_masks``) and run on one.
+them; the models that need them say so (``needs_masks``) and run on one. A window changes
+nothing for a sequence of at most ``window + 1`` tokens (:func:`sequence_mask`), so a model
+with windows and no bias also says how long a sequence may be and need no mask
+(``mask_free_length``, from :func:`mask_free_length`). A backend with a true
+``windows_covered`` runs a windowed layer as full attention: ``gpu.GpuRunner`` marks the
+mask-free backends it plans only with batches whose every sequence is that short.
 
 A backend with ``takes_keys`` also takes ``plan(..., keys=...)``: int ``[n]``, how many
 leading tokens of each sequence are keys (a ColBERT query's [MASK] expansion, which no token
@@ -32,6 +37,7 @@ captured around ``run``. This module never imports flashinfer.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 import numpy as np
@@ -141,6 +147,24 @@ def sequence_mask(
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     return scores[None]
+
+
+def mask_free_length(windows: Iterable[int | None]) -> int | None:
+    """The longest sequence that none of ``windows`` (one per layer, None for a global one)
+    cuts: a token already sees every key of a sequence of ``n`` tokens when ``n - 1 <=
+    window``, as :func:`sequence_mask` and ``SdpaGrouped`` apply it. None without a window."""
+    bounds = [w + 1 for w in windows if w is not None]
+    return min(bounds) if bounds else None
+
+
+def mask_free(longest: int, needs_masks: bool, mask_free_length: int | None) -> bool:
+    """Whether a batch whose longest sequence has ``longest`` tokens runs without masks (on
+    CUDA: the fast backend and graphs): always for a model without masks; for one with windows
+    and no bias, when no window cuts that sequence (``longest <= mask_free_length``); never
+    for one with a bias (``mask_free_length`` None)."""
+    if not needs_masks:
+        return True
+    return mask_free_length is not None and longest <= mask_free_length
 
 
 def cpu_backend() -> AttentionBackend:

@@ -105,6 +105,9 @@ class FlashInferRagged:
         self._key_rows: torch.Tensor | None = None  # plan(keys=): the rows that are keys
 
     takes_keys = True
+    # Set by gpu.GpuRunner for a windowed model's backends, which it plans only with batches
+    # no window cuts: attend() then runs a windowed layer as full attention (attention.py).
+    windows_covered = False
 
     def plan(
         self,
@@ -193,6 +196,7 @@ class TorchVarlen:
         self._key_rows: torch.Tensor | None = None
 
     takes_keys = True
+    windows_covered = False  # as FlashInferRagged's
 
     def plan(
         self,

@@ -10,7 +10,8 @@
   :mod:`.modernbert`, :mod:`.nomic` (NomicBERT, the new GTE), :mod:`.decoder` (Qwen3, Qwen2,
   Mistral), :mod:`.gemma3`. Every model is ``forward(ids[T], positions[T], attn) -> [T,
   hidden]`` with ``num_heads``, ``num_kv_heads``, ``head_dim``, ``dtype``, ``vocab_size``,
-  ``needs_masks`` and ``use_kernels("torch" | "compile" | "fused", exact_gelu)``, which
+  ``needs_masks`` (with ``mask_free_length`` where it does: the longest sequence that needs
+  no mask, None for never) and ``use_kernels("torch" | "compile" | "fused", exact_gelu)``, which
   returns the kernels it runs; an option it does not implement is refused at construction
   with NotImplementedError naming it.
 """

@@ -132,9 +132,12 @@ def attend(
     (``[H, L, L]``, added to the scaled scores of every sequence's top-left ``[H, l, l]``)
     or a sliding ``window`` (keys at most ``window`` positions away) when the family needs
     one. Only backends with ``takes_masks`` can: FlashInfer's fa2 ragged prefill takes
-    neither, so :class:`mesh.worker.engine.gpu.GpuRunner` gives such models the SDPA one.
+    neither, so :class:`mesh.worker.engine.gpu.GpuRunner` gives such models the SDPA one,
+    except for batches no window cuts (``windows_covered``: see :mod:`..attention`).
     """
-    if bias is None and window is None:
+    # A covered backend is only ever planned with sequences of at most the model's
+    # mask_free_length, for which the window allows every key: full attention is exact.
+    if bias is None and (window is None or getattr(attn, "windows_covered", False)):
         return attn.run(q, k, v)
     if not getattr(attn, "takes_masks", False):
         raise ValueError(f"{type(attn).__name__} takes no attention bias or window")

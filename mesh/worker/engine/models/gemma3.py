@@ -12,8 +12,12 @@ configs). The window, as transformers builds it: bidirectional, keys at most
 ``sliding_window // 2`` positions away (the config's in-memory value is ``saved // 2 + 1``,
 an exclusive bound); causal, the ``sliding_window`` most recent keys.
 
-On CUDA: the window goes to torch SDPA over length-sorted padded groups as a mask (``needs_masks``:
-``gpu.GpuRunner`` picks that backend and captures no graphs); eager torch for the rest.
+On CUDA the window decides per batch (``mask_free_length``: the window plus one, 257 tokens
+for EmbeddingGemma's saved 512, bidirectional; ``sliding_window`` causal). A batch whose
+every sequence is that short (nearly every query and passage) takes the fast path,
+FlashInfer (varlen for head_dim 256) attention and the CUDA graphs per token bucket, the
+window dropped; a batch holding a longer one runs torch SDPA over length-sorted padded
+groups with the window as a mask, eagerly (``gpu.GpuRunner``). Eager torch for the rest.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mesh.worker.engine.attention import AttentionBackend
+from mesh.worker.engine.attention import AttentionBackend, mask_free_length
 from mesh.worker.engine.models.blocks import (
     Activation,
     EagerOnly,
@@ -115,7 +119,6 @@ class Gemma3Embedder(EagerOnly, nn.Module):
         self.eps = float(config.get("rms_norm_eps", 1e-6))
         self.layer_types = _layer_types(config)
         window = _window(config, causal)
-        self.needs_masks = window is not None and "sliding_attention" in self.layer_types
         for kind in set(self.layer_types):
             theta = _rope_theta(config, kind)
             self.register_buffer(f"inv_freq_{kind}", rope_inv_freq(self.head_dim, theta, device))
@@ -138,6 +141,9 @@ class Gemma3Embedder(EagerOnly, nn.Module):
             )
             for i, kind in enumerate(self.layer_types)
         )
+        # The local layers' window binds only on longer sequences (GpuRunner's choice).
+        self.mask_free_length = mask_free_length(layer.window for layer in self.layers)
+        self.needs_masks = self.mask_free_length is not None
         self.register_buffer("norm", w("norm.weight"))
 
     def forward(

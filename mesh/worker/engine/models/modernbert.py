@@ -10,11 +10,14 @@ window of ``local_attention // 2`` tokens either side (``layer_types``, or every
 RoPE theta (160k global, 10k local by default). Biases (``norm_bias``, ``attention_bias``,
 ``mlp_bias``) are taken where the checkpoint has them.
 
-On CUDA: the window goes to torch SDPA over length-sorted padded groups as a mask (``needs_masks``:
-``gpu.GpuRunner`` picks that backend and captures no graphs) and the non-GEMM parts run in
-eager torch (no fused kernels yet). FlashInfer's ragged prefill takes a ``window_left``
-at ``plan``, so two planned wrappers (global and local) would keep it on the fast path:
-not done, as it could not be checked on a GPU here.
+On CUDA the window decides per batch (``mask_free_length``, the window plus one: a token of
+a sequence that short sees every key anyway). A batch whose every sequence is that short
+(most queries, short passages) takes BERT's fast path, FlashInfer (or varlen) attention and
+the CUDA graphs per token bucket, the window dropped; a batch holding a longer one runs torch
+SDPA over length-sorted padded groups with the window as a mask, eagerly (``gpu.GpuRunner``).
+The non-GEMM parts run in eager torch either way (no fused kernels yet). FlashInfer's ragged
+prefill takes a ``window_left`` at ``plan``, so two planned wrappers (global and local) could
+keep long batches on the fast path too: not done, as it could not be checked on a GPU here.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mesh.worker.engine.attention import AttentionBackend
+from mesh.worker.engine.attention import AttentionBackend, mask_free_length
 from mesh.worker.engine.models.blocks import (
     Activation,
     EagerOnly,
@@ -81,7 +84,6 @@ class ModernBertEncoder(EagerOnly, nn.Module):
     """``forward(ids[T], positions[T], attn) -> [T, hidden]`` for a planned packed batch."""
 
     family = "modernbert"
-    needs_masks = True  # the local layers' sliding window
 
     def __init__(
         self,
@@ -99,7 +101,7 @@ class ModernBertEncoder(EagerOnly, nn.Module):
         self.head_dim = int(config["hidden_size"]) // self.num_heads
         self.eps = float(config.get("norm_eps", 1e-5))
         self.layer_types = _layer_types(config)
-        window = int(config.get("local_attention", 128)) // 2
+        window = _window(config)
         for kind in set(self.layer_types):
             theta = _rope_theta(config, kind)
             self.register_buffer(f"inv_freq_{kind}", rope_inv_freq(self.head_dim, theta, device))
@@ -117,6 +119,9 @@ class ModernBertEncoder(EagerOnly, nn.Module):
             )
             for i, kind in enumerate(self.layer_types)
         )
+        # The local layers' window binds only on longer sequences (GpuRunner's choice).
+        self.mask_free_length = mask_free_length(layer.window for layer in self.layers)
+        self.needs_masks = self.mask_free_length is not None
         self.register_buffer("final_norm_w", w("final_norm.weight"))
         self.register_buffer("final_norm_b", w.optional("final_norm.bias"))
 
@@ -131,6 +136,12 @@ class ModernBertEncoder(EagerOnly, nn.Module):
         for layer, kind in zip(self.layers, self.layer_types, strict=True):
             x = layer(x, *rope[kind], attn)
         return layer_norm(x, self.final_norm_w, self.final_norm_b, self.eps)
+
+
+def _window(config: dict[str, Any]) -> int:
+    """The local layers' window as attend() takes it: keys at most this far away (transformers'
+    ``abs(q - kv) <= local_attention // 2``)."""
+    return int(config.get("local_attention", 128)) // 2
 
 
 def _layer_types(config: dict[str, Any]) -> list[str]:

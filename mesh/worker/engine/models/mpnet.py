@@ -49,6 +49,7 @@ def relative_position_bucket(relative: torch.Tensor) -> torch.Tensor:
 class MPNetEncoder(XLMRobertaEncoder):
     family = "mpnet"
     needs_masks = True
+    mask_free_length = None  # the relative bias changes every batch, however short
     token_types = False
     layer_names = {
         "q": "attention.attn.q",
