@@ -10,6 +10,8 @@ import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
+from mesh.worker.engine.attention import SdpaPerSequence
+
 CORPUS = Path(__file__).resolve().parents[3] / "data" / "corpus.jsonl"
 
 
@@ -117,3 +119,13 @@ def assert_matches_reference(ours: torch.Tensor, ref: torch.Tensor) -> None:
     """Equal to the fp32 reference: cosine 0.99999 per sequence and 1e-4 elementwise."""
     assert cosines(ours, ref).min() >= 0.99999
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+
+
+class MaskFreeSdpa(SdpaPerSequence):
+    """The CPU backend seen as CUDA's mask-free one (FlashInfer) is by a windowed model's
+    covered batches: it takes no bias or window, and ``windows_covered`` tells ``attend`` to
+    drop the window (``gpu.GpuRunner`` sets it on the backends it plans only with batches
+    ``attention.mask_free`` clears)."""
+
+    takes_masks = False
+    windows_covered = True

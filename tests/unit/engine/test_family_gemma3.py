@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_helpers import (
+    MaskFreeSdpa,
     assert_matches_reference,
     pack,
     random_seqs,
@@ -87,6 +88,29 @@ def test_causal_last_token_pooling_matches_transformers(tmp_path: Path) -> None:
     assert [layer.window for layer in engine.model.layers] == [WINDOW - 1, None, WINDOW - 1]
     seqs = random_seqs(VOCAB, LENGTHS, seed=94)
     assert_matches_reference(engine.embed(*pack(seqs)), reference_pooled(hf, seqs, "last"))
+
+
+@pytest.mark.parametrize(
+    ("bidirectional", "pooling", "longest"),
+    [(True, "mean", WINDOW // 2 + 1), (False, "last", WINDOW)],
+)
+def test_a_batch_no_window_cuts_runs_mask_free_and_still_matches(
+    embedding_gemma, tmp_path: Path, bidirectional: bool, pooling: str, longest: int
+) -> None:
+    # As on CUDA's fast path: the window dropped for a batch no window cuts.
+    hf = embedding_gemma if bidirectional else _model(seed=97, bidirectional=False)
+    path = save_model_dir(hf, tmp_path / "f", VOCAB, "mean" if bidirectional else None)
+    masked, free = Engine.load(path), Engine.load(path, attention=MaskFreeSdpa())
+    assert (free.card.pooling, free.model.mask_free_length) == (pooling, longest)
+    seqs = random_seqs(VOCAB, [1, 5, longest, 2, longest - 1, longest], seed=98)
+    ours = free.embed(*pack(seqs))
+    torch.testing.assert_close(ours, masked.embed(*pack(seqs)), rtol=1e-5, atol=1e-5)
+    assert_matches_reference(ours, reference_pooled(hf, seqs, pooling))
+    # One token longer and the window binds: only the masked forward still matches.
+    seqs = random_seqs(VOCAB, [longest + 1], seed=99)
+    ref = reference_pooled(hf, seqs, pooling)
+    assert_matches_reference(masked.embed(*pack(seqs)), ref)
+    assert (free.embed(*pack(seqs)) - ref).abs().max() > 1e-3  # tolerance: 1e-4
 
 
 def test_a_causal_lm_checkpoint_with_the_model_prefix_loads(embedding_gemma, tmp_path) -> None:

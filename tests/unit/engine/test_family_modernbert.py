@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_helpers import (
+    MaskFreeSdpa,
     assert_matches_reference,
     pack,
     random_seqs,
@@ -75,6 +76,23 @@ def test_the_window_matters(hf_model, tmp_path: Path) -> None:
     for layer in engine.model.layers:
         layer.window = None
     assert (engine.embed(*pack(seqs)) - windowed).abs().max() > 1e-3  # tolerance: 1e-4
+
+
+def test_a_batch_no_window_cuts_runs_mask_free_and_still_matches(hf_model, tmp_path) -> None:
+    # As on CUDA's fast path: the window dropped for a batch of sequences of at most 9 tokens.
+    path = save_model_dir(hf_model, tmp_path / "f", VOCAB, "mean")
+    masked, free = Engine.load(path), Engine.load(path, attention=MaskFreeSdpa())
+    longest = free.model.mask_free_length
+    assert (longest, free.model.needs_masks) == (LOCAL // 2 + 1, True)
+    seqs = random_seqs(VOCAB, [1, 5, longest, 2, longest - 1, longest], seed=78)
+    ours = free.embed(*pack(seqs))
+    torch.testing.assert_close(ours, masked.embed(*pack(seqs)), rtol=1e-5, atol=1e-5)
+    assert_matches_reference(ours, reference_pooled(hf_model, seqs, "mean"))
+    # One token longer and the window binds: only the masked forward still matches.
+    seqs = random_seqs(VOCAB, [longest + 1], seed=79)
+    ref = reference_pooled(hf_model, seqs, "mean")
+    assert_matches_reference(masked.embed(*pack(seqs)), ref)
+    assert (free.embed(*pack(seqs)) - ref).abs().max() > 1e-3  # tolerance: 1e-4
 
 
 def test_biases_everywhere_load_and_match(tmp_path: Path) -> None:
