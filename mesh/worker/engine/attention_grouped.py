@@ -12,7 +12,9 @@ per bias), and padding stays within ``waste`` of the real tokens.
 
 Same contract as the other backends (``attention.py``): ``plan`` once per batch, ``run``
 per layer, ``takes_masks`` and ``takes_keys``. Not capturable in a CUDA graph (``plan``
-reads the lengths on the host), so these models still run eagerly.
+reads the lengths on the host), so the batches that need masks still run eagerly (for
+ModernBERT and Gemma 3 only those holding a sequence longer than the local window:
+``gpu.GpuRunner`` runs the others on FlashInfer and the graphs).
 """
 
 from __future__ import annotations
