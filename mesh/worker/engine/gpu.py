@@ -42,7 +42,12 @@ from mesh.config import MAX_BATCH_TOKENS_GPU
 from mesh.worker.engine.attention import mask_free
 from mesh.worker.engine.attention_grouped import SdpaGrouped
 from mesh.worker.engine.card import ModelCard
-from mesh.worker.engine.flashinfer_attention import WORKSPACE_BYTES, cuda_backend
+from mesh.worker.engine.flashinfer_attention import (
+    WORKSPACE_BYTES,
+    FlashInferRagged,
+    TorchVarlen,
+    cuda_backend,
+)
 from mesh.worker.engine.pooling import PoolBuffers, fill_pool_indices, pool, static_pool
 from mesh.worker.engine.spans import SpanBuffers, fill_span_index, span_means, static_span_means
 
@@ -172,7 +177,9 @@ class GpuRunner:
         self.eager_batches = 0
         self.masked_batches = 0  # of the eager ones, those run with masks (SdpaGrouped)
 
-    def _fast_backend(self, capacity: tuple[int, int] | None = None) -> Any:
+    def _fast_backend(
+        self, capacity: tuple[int, int] | None = None
+    ) -> FlashInferRagged | TorchVarlen:
         """FlashInfer or varlen (``cuda_backend``), eager or for a graph of ``capacity``. For a
         windowed model it is ``windows_covered``: ``_run`` plans it only with batches that
         :func:`mask_free` clears, and a graph is replayed only for those too."""
