@@ -87,6 +87,7 @@ def _path(engine: dict, output: str) -> str:
     graphs = (
         f"{run['graph_batches']}/{run['graph_batches'] + run['eager_batches']} batches in graphs"
     )
-    if engine["masked"]:
-        return f"SDPA + mask, eager ({graphs})"
+    masked = run.get("masked_batches", 0)
+    if masked:  # a windowed model's batches past its window, or MPNet's (bias) all
+        graphs += f", {masked} masked (grouped SDPA, eager)"
     return f"{engine['attention']}{' + graphs' if engine['graphs_on'] else ''} ({graphs})"
