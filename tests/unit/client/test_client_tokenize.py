@@ -113,10 +113,16 @@ class SpyTokenizer:
     def __init__(self, inner: Tokenizer) -> None:
         self.inner = inner
         self.pieces: list[int] = []
+        self.fast: list[int] = []  # those encoded without word ids (texts the cut left whole)
 
     def encode_batch(self, texts: list[str]):
         self.pieces.extend(map(len, texts))
         return self.inner.encode_batch(texts)
+
+    def encode_batch_fast(self, texts: list[str]):
+        self.fast.extend(map(len, texts))
+        self.pieces.extend(map(len, texts))
+        return self.inner.encode_batch_fast(texts)
 
     def encode(self, *args: object) -> None:
         raise AssertionError("Tokenizer.encode holds the GIL; use encode_batch")
@@ -133,7 +139,10 @@ def test_a_huge_text_is_tokenized_once_and_only_up_to_the_cut() -> None:
     tok, spy = spied(256)
     huge = "the quick brown fox jumps over the lazy dog " * 200_000  # 1.8M words, 8.8 MB
     ids, lengths = tok.encode([huge, "short"], truncate=True)
-    assert lengths.tolist()[0] == 256 and spy.pieces == [tok.cut_chars, len("short")]
+    assert lengths.tolist()[0] == 256 and sorted(spy.pieces) == [len("short"), tok.cut_chars]
+    # The cut piece needs word ids (to tell whether the cut split the kept words); the short
+    # text, left whole, goes the fast way.
+    assert spy.fast == [len("short")]
 
 
 def test_an_over_long_text_without_truncation_is_refused_from_its_cut_piece() -> None:
