@@ -9,9 +9,6 @@ tests/gpu/test_fused_gpu.py checks the compiled kernels in bf16.
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import os
 from pathlib import Path
 
 import pytest
@@ -35,45 +32,6 @@ TOL = {torch.float32: (1e-5, 1e-6), torch.float16: (1e-3, 1e-3), torch.bfloat16:
 # kernels round once, so half precision is compared against them more loosely (measured:
 # fp16 9.4e-4, bf16 2.1e-2 of the scale).
 PLAIN_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (3e-3, 3e-3), torch.bfloat16: (4e-2, 4e-2)}
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    """``fused`` with its kernels run by Triton's interpreter, restored afterwards (so that
-    GPU tests later in the same session get compiled kernels again)."""
-    pytest.importorskip("triton", reason="the fused kernels need triton (extra 'triton')")
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    _redecorate()
-    yield fused
-    if before is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = before
-    _redecorate()
-
-
-def _redecorate() -> None:
-    # TRITON_INTERPRET is read when triton.jit decorates a function, and fused was imported
-    # (through the engine) before this module ran, so reload it. Reloading fused alone is
-    # not enough: tl.sum and tl.sigmoid are triton.jit functions of triton.language.standard
-    # decorated when triton was imported, and an interpreted kernel cannot call compiled
-    # ones ("Cannot call @triton.jit'd outside of the scope of a kernel"). So reload that
-    # module too and rebind the names triton.language re-exports from it.
-    import triton.language as tl
-    import triton.language.standard as standard
-
-    exported = [
-        name
-        for name, value in vars(standard).items()
-        if not name.startswith("_")
-        and not inspect.ismodule(value)
-        and getattr(tl, name, None) is value
-    ]
-    importlib.reload(standard)
-    for name in exported:
-        setattr(tl, name, getattr(standard, name))
-    importlib.reload(fused)
 
 
 def _close(out: torch.Tensor, ref: torch.Tensor, tol: dict = TOL) -> None:
@@ -184,6 +142,29 @@ def test_qk_norm_rope_works_in_place_per_head_as_qwen3(
         _close(got, eager, PLAIN_TOL)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", [(12, 64), (4, 16), (3, 128)], ids=str)
+@pytest.mark.parametrize("rows", ROWS)
+def test_rope_without_norms_rotates_q_and_k_in_place_as_nomic(
+    kernels, rows: int, heads: tuple[int, int], dtype: torch.dtype
+) -> None:
+    h, d = heads
+    qkv = _randn(rows, 3 * h * d, dtype=dtype, seed=30, scale=2.0)
+    cos, sin = _rope_tables(rows, d, dtype)
+    ref = kernels.rope_ref(qkv, cos, sin, h, h, d)
+    q_plain, k_plain, _ = blocks.split_qkv(qkv.clone(), (h, h, d))
+    # What NomicBERT's eager layer computes.
+    plain = [blocks.apply_rope(t, cos[:, None], sin[:, None]) for t in (q_plain, k_plain)]
+    original = qkv.clone()
+    q, k, v = kernels.rope_(qkv, cos, sin, h, h, d)
+    assert (q.shape, k.shape, v.shape) == ((rows, h, d),) * 3
+    assert q.untyped_storage().data_ptr() == qkv.untyped_storage().data_ptr()
+    assert torch.equal(v, original[:, 2 * h * d :].view(rows, h, d))
+    for got, want, eager in zip((q, k), ref[:2], plain, strict=True):
+        _close(got, want)
+        _close(got, eager, PLAIN_TOL)
+
+
 def test_strided_q_k_v_views_give_the_cpu_attention_the_same_result(kernels) -> None:
     from mesh.worker.engine.attention import cpu_backend
 
@@ -208,6 +189,31 @@ def test_silu_mul_takes_gate_then_up_halves(
     _close(out, kernels.silu_mul_ref(gate_up))
     gate, up = gate_up.chunk(2, dim=-1)
     _close(out, F.silu(gate) * up, PLAIN_TOL)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
+@pytest.mark.parametrize("width", [48, 1500, 3072])
+def test_geglu_takes_gate_then_up_halves_with_erf_or_tanh_gelu(
+    kernels, width: int, act: str, dtype: torch.dtype
+) -> None:
+    gate_up = _randn(7, 2 * width, dtype=dtype, seed=31, scale=2.0)
+    out = kernels.glu(gate_up, act)
+    assert out.shape == (7, width)
+    _close(out, kernels.glu_ref(gate_up, act))
+    # blocks.gated_mlp's act(first half) * second half, with the activation blocks names.
+    fn = next(f for f, name in blocks.FUSED_GLU.items() if name == act)
+    gate, up = gate_up.chunk(2, dim=-1)
+    _close(out, fn(gate) * up, PLAIN_TOL)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_layer_norm_takes_no_bias_and_a_broadcast_row(kernels, dtype: torch.dtype) -> None:
+    x, w = _randn(9, 384, dtype=dtype, seed=32), _gain(384, dtype, 33)
+    row = _randn(384, dtype=dtype, seed=34)
+    out = kernels.add_layer_norm(x, row.expand_as(x), w, None, 1e-12)
+    _close(out, kernels.add_layer_norm_ref(x, row.expand_as(x), w, None, 1e-12))
+    _close(out, F.layer_norm(x + row, (384,), w, None, 1e-12), PLAIN_TOL)
 
 
 def test_the_gelu_epilogue_switch_stays_exact_on_cpu() -> None:

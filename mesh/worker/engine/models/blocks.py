@@ -38,6 +38,11 @@ ACTIVATIONS: dict[str, Activation] = {
 }
 
 
+# The activations fused.glu runs after a gated projection, by its name for them; a GLU with
+# another activation (relu) runs it in torch on the fused path.
+FUSED_GLU: dict[Activation, str] = {F.silu: "silu", F.gelu: "gelu", _gelu_tanh: "gelu_tanh"}
+
+
 def activation(name: str, family: str) -> Activation:
     """The activation called ``name``; NotImplementedError naming it and those served."""
     act = ACTIVATIONS.get(name)
