@@ -161,11 +161,19 @@ class ResultPipeline:
         weights = engine.embed_lexical(batch.token_ids, batch.offsets, skip)[1] if lexical else None  # type: ignore[attr-defined]
         return pooled, span_rows, group, weights
 
-    def collect(self, launched: Launched) -> tuple[list[np.ndarray], float]:
+    def collect(self, launched: Launched, spin_s: float = 0.0) -> tuple[list[np.ndarray], float]:
         """Wait for ``launched`` (call in launch order) and return its host results and the
-        milliseconds the device spent on it (from when it could start to when it finished)."""
+        milliseconds the device spent on it (from when it could start to when it finished).
+
+        ``spin_s``: poll the event for up to this long before sleeping on it. Only for a
+        caller no other Python thread is waiting on (the worker's inline path: an idle
+        worker's query), where waking from the driver's sleep is pure latency."""
         try:
             if launched.done is not None:
+                if spin_s > 0.0:
+                    until = time.perf_counter() + spin_s
+                    while not launched.done.query() and time.perf_counter() < until:
+                        pass
                 # A blocking-sync event: this thread sleeps in the driver, without the GIL
                 # (torch releases it around the wait), instead of spinning a core or
                 # polling, which took the GIL from the compute thread every poll.

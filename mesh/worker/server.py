@@ -49,6 +49,10 @@ SWITCH_INTERVAL_S = 0.0005  # GIL handoff bound while serving; see WorkerServer.
 # heartbeating) and how long a batch arriving meanwhile waits. See WorkerServer._accept.
 INLINE_MAX_TOKENS = 1024
 INLINE_MAX_MS = 10.0  # 0 turns the inline path off; 1..50 is reasonable
+# The inline path polls its batch's CUDA event this long before sleeping on it: an idle
+# query's device time (0.3-1.5 ms on an H200) ends without the driver's wake-up after it.
+# Nothing else waits for the GIL then (the worker is idle). 0..0.005 is reasonable.
+INLINE_SPIN_S = 0.002
 
 
 class EmbeddingEngine(Protocol):
@@ -239,7 +243,11 @@ class WorkerServer:
             launched = self._launch(item)
             launch_end = time.perf_counter()
             self.stats.launch_s += launch_end - started
-            frames = launched if isinstance(launched, list) else self._collect(item, launched)
+            frames = (
+                launched
+                if isinstance(launched, list)
+                else self._collect(item, launched, INLINE_SPIN_S)
+            )
         self.stats.collect_s += time.perf_counter() - launch_end
         self._answered()
         return frames
@@ -303,11 +311,11 @@ class WorkerServer:
             self.stats.cpu_s["finisher"] = time.thread_time()
             sender.close(linger=0)
 
-    def _collect(self, item: Incoming, launched: Launched) -> list[Any]:
+    def _collect(self, item: Incoming, launched: Launched, spin_s: float = 0.0) -> list[Any]:
         # Everything that can fail here is caught: an exception escaping would end this
         # thread, and with it every later reply of the worker.
         try:
-            groups, ms = self.pipeline.collect(launched)
+            groups, ms = self.pipeline.collect(launched, spin_s)
             timings = reply_timings(item.received_at, launched)
             if len(item.batch.token_ids) <= INLINE_MAX_TOKENS:
                 self._small = (len(item.batch.token_ids), timings["worker_compute"])

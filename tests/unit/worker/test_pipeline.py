@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mesh.worker.engine.outputs import finalize
-from mesh.worker.pipeline import ResultPipeline, _Slot
+from mesh.worker.pipeline import Launched, ResultPipeline, _Slot
 from proto_msgs import BatchAssign, OutputOptions
 
 
@@ -137,3 +137,39 @@ def test_each_sequence_gets_its_groups_pool_skip_and_none_when_no_group_skips() 
     pipe.collect(pipe.launch(batch(1, [4, 5, 6, 7], outputs, [0, 1, 2, 0])))
     pipe.collect(pipe.launch(batch(2, [4, 5], [OutputOptions()], [0, 0])))
     assert engine.skips[0].tolist() == [2, 0, 3, 2] and engine.skips[1] is None
+
+
+class CountingEvent:
+    """A CUDA event stand-in: done after ``polls`` queries; records how it was waited on."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls, self.queries, self.synchronized = polls, 0, False
+
+    def query(self) -> bool:
+        self.queries += 1
+        return self.queries > self.polls
+
+    def synchronize(self) -> None:
+        self.synchronized = True
+
+
+@pytest.mark.parametrize(("spin_s", "polls", "want_queries"), [(0.0, 3, 0), (1.0, 3, 4)])
+def test_collect_polls_its_event_only_when_asked_to_spin(
+    spin_s: float, polls: int, want_queries: int
+) -> None:
+    pipeline = ResultPipeline(FixedEngine(), torch.device("cpu"))
+    event = CountingEvent(polls)
+    launched = Launched(1, time.perf_counter(), [torch.ones(2, 3)], done=event)  # type: ignore[arg-type]
+    results, _ = pipeline.collect(launched, spin_s)
+    # Spinning ends at the first query that finds the event done; the sleep-wait after it
+    # then returns at once, and the results are the same either way.
+    assert event.queries == want_queries and event.synchronized
+    assert results[0].tolist() == [[1.0] * 3] * 2
+
+
+def test_a_spin_gives_up_at_its_bound_and_sleeps_on_the_event() -> None:
+    pipeline = ResultPipeline(FixedEngine(), torch.device("cpu"))
+    event = CountingEvent(polls=10**9)  # never done by polling
+    launched = Launched(1, time.perf_counter(), [torch.zeros(1, 1)], done=event)  # type: ignore[arg-type]
+    pipeline.collect(launched, spin_s=0.005)
+    assert event.synchronized and 0 < event.queries < 10**9

@@ -99,8 +99,8 @@ def test_every_batch_gets_one_reply_even_when_building_one_fails(inline_max_ms: 
     with serving(SumEngine(), endpoint, inline_max_ms) as (router, identity, server):
         real_collect = server.pipeline.collect
 
-        def collect(launched):  # batch 2's results come back in a dtype the wire refuses
-            groups, ms = real_collect(launched)
+        def collect(launched, spin_s=0.0):  # batch 2's results: a dtype the wire refuses
+            groups, ms = real_collect(launched, spin_s)
             if launched.batch_id == 2:
                 groups = [g.astype(np.complex64) for g in groups]
             return groups, ms
