@@ -2,7 +2,8 @@
 in the Hub's remote-code weight layouts (which save_pretrained writes and transformers
 converts back on load: nomic-embed-text's Wqkv/fc11/fc12, gte-v1.5's NewModel), in
 transformers' own (a state dict saved as is), with the Hub's config names (n_embd, ...,
-model_type "new"); refusals by name."""
+model_type "new"); refusals by name. And the fused CUDA path (Triton kernels in the
+interpreter) equal to the eager one."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 from engine_helpers import (
     assert_matches_reference,
+    cosines,
     pack,
     random_seqs,
     randomize,
@@ -147,3 +149,66 @@ def test_an_ungated_hub_mlp_is_refused_by_name(nomic, tmp_path: Path) -> None:
     _edit_config(path, changes, ("hidden_act",))
     with pytest.raises(NotImplementedError, match="ungated MLP"):
         Engine.load(path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("kind", "act"), [("nomic", "silu"), ("gte", "gelu"), ("gte", "gelu_pytorch_tanh")]
+)
+def test_the_fused_path_matches_the_eager_one(
+    kernels, monkeypatch, tmp_path: Path, kind: str, act: str, dtype: torch.dtype
+) -> None:
+    # SwiGLU (Nomic) and GeGLU with either GELU (GTE) through the Triton kernels, run by
+    # Triton's interpreter on CPU, against the eager path (which equals transformers above).
+    model = _model("NomicBert" if kind == "nomic" else "Gte", seed=87, hidden_act=act)
+    path = save_model_dir(model, tmp_path / kind, VOCAB, "mean")
+    seqs = random_seqs(VOCAB, LENGTHS, seed=88)
+    plain = Engine.load(path, dtype=dtype).embed(*pack(seqs))
+    engine = Engine.load(path, dtype=dtype)
+    assert engine.kernels == "torch"
+    assert engine.model.use_kernels("fused") == "fused"  # Engine.load refuses it on CPU
+    calls = {name: 0 for name in ("rope_", "add_layer_norm", "glu")}
+    for name in calls:
+        monkeypatch.setattr(kernels, name, _counted(calls, name, getattr(kernels, name)))
+    ours = engine.embed(*pack(seqs))
+    layers = len(engine.model.layers)
+    typed = engine.model.type0 is not None  # the embedding LayerNorm takes type 0 fused
+    assert calls == {"rope_": layers, "add_layer_norm": 2 * layers + typed, "glu": layers}
+    if dtype == torch.float32:
+        torch.testing.assert_close(ours, plain, rtol=1e-4, atol=1e-4)
+    assert cosines(ours, plain).min() >= (0.9999 if dtype == torch.float32 else 0.999)
+
+
+def _counted(calls: dict[str, int], name: str, real):  # noqa: ANN001, ANN202
+    def counted(*args):  # noqa: ANN002, ANN202
+        calls[name] += 1
+        return real(*args)
+
+    return counted
+
+
+def test_a_glu_activation_without_a_kernel_runs_in_torch_on_the_fused_path(
+    kernels, tmp_path: Path
+) -> None:
+    model = _model("Gte", seed=89, hidden_act="relu")
+    path = save_model_dir(model, tmp_path / "relu", VOCAB, "mean")
+    seqs = random_seqs(VOCAB, LENGTHS, seed=90)
+    plain = Engine.load(path).embed(*pack(seqs))
+    engine = Engine.load(path)
+    engine.model.use_kernels("fused")
+    assert engine.model.layers[0].glu is None
+    torch.testing.assert_close(engine.embed(*pack(seqs)), plain, rtol=1e-4, atol=1e-4)
+
+
+def test_kernels_answer_fused_only_when_asked_and_torch_for_compile(nomic, tmp_path) -> None:
+    path = save_model_dir(nomic, tmp_path / "k", VOCAB, "mean")
+    engine = Engine.load(path)
+    assert engine.kernels == "torch"  # CPU
+    model = engine.model
+    assert [model.use_kernels(k) for k in ("fused", "compile", "torch")] == [
+        "fused",
+        "torch",  # no compiled path: eager, and reported so
+        "torch",
+    ]
+    with pytest.raises(ValueError, match="unknown kernels"):
+        model.use_kernels("triton")

@@ -15,8 +15,14 @@ remote-code checkpoints on the Hub, which transformers converts on load (its
 ``attn_ln``/``mlp_ln``). The remote-code config names (``n_embd``, ``rotary_emb_base`` ...)
 are read by :func:`.registry.standard_config`.
 
-On CUDA: FlashInfer attention and CUDA graphs (no masks needed); the non-GEMM parts run in
-eager torch (no fused kernels yet: ``use_kernels`` answers "torch").
+On CUDA: FlashInfer attention and CUDA graphs (no masks needed), and two ways to run the
+non-GEMM parts, picked by :meth:`NomicBertEncoder.use_kernels`: eager torch (the CPU path
+and the reference), or "fused" (:mod:`mesh.worker.engine.fused`: rotary on q and k in one
+in-place pass over the QKV output, each residual add fused into its LayerNorm, and the
+GLU's ``act(gate) * up`` in one kernel: SiLU, or GELU exactly as torch's erf form, so GeGLU
+needs no ``exact_gelu``). There is no compiled path: "compile" runs eager torch and says so.
+On the H200 the eager path reached 0.59 of BERT-base's tokens/s per FLOP, which is what the
+fused path is for.
 """
 
 from __future__ import annotations
@@ -27,13 +33,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mesh.worker.engine import fused
 from mesh.worker.engine.attention import AttentionBackend
 from mesh.worker.engine.models.blocks import (
+    FUSED_GLU,
     Activation,
-    EagerOnly,
     activation,
     apply_rope,
     check_default_rope,
+    check_kernels,
     gated_mlp,
     layer_norm,
     rope_cos_sin,
@@ -96,6 +104,7 @@ class RotaryPostLnLayer(nn.Module):
     def __init__(self, w: Weights, names: dict[str, Any], heads: int, eps: float, act: Activation):
         super().__init__()
         self.heads, self.eps, self.act = heads, eps, act
+        self.glu = FUSED_GLU.get(act)  # None: the fused path runs this activation in torch
         self.register_buffer("qkv_w", _cat(w, names["qkv"], "weight"))
         self.register_buffer("qkv_b", _cat(w, names["qkv"], "bias"))
         for ours in ("o", "ln1", "down", "ln2"):
@@ -121,12 +130,32 @@ class RotaryPostLnLayer(nn.Module):
         h = gated_mlp(x, self.gate_up_w, self.down_w, self.act, self.gate_up_b, self.down_b)
         return layer_norm(x + h, self.ln2_w, self.ln2_b, self.eps)
 
+    def forward_fused(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        """:meth:`forward` through the Triton kernels; ``cos``, ``sin`` ``[T, D]``."""
+        d = x.shape[1] // self.heads
+        qkv = F.linear(x, self.qkv_w, self.qkv_b)  # a fresh tensor: RoPE may write into it
+        q, k, v = fused.rope_(qkv, cos, sin, self.heads, self.heads, d)
+        a = attn.run(q, k, v).reshape(x.shape)
+        o = F.linear(a, self.o_w, self.o_b)
+        x = fused.add_layer_norm(x, o, self.ln1_w, self.ln1_b, self.eps)
+        gate_up = F.linear(x, self.gate_up_w, self.gate_up_b)
+        if self.glu is not None:
+            h = fused.glu(gate_up, self.glu)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            h = self.act(gate) * up
+        h = F.linear(h, self.down_w, self.down_b)
+        return fused.add_layer_norm(x, h, self.ln2_w, self.ln2_b, self.eps)
 
-class NomicBertEncoder(EagerOnly, nn.Module):
+
+class NomicBertEncoder(nn.Module):
     """``forward(ids[T], positions[T], attn) -> [T, hidden]`` for a planned packed batch."""
 
     family = "nomic"
     needs_masks = False
+    kernels = "torch"
 
     def __init__(
         self,
@@ -190,14 +219,37 @@ class NomicBertEncoder(EagerOnly, nn.Module):
             raise NotImplementedError(f"{cls.family}: mixture-of-experts layers are not supported")
         return activation(str(config.get("hidden_act", "silu")), cls.family)
 
+    def use_kernels(self, kernels: str, exact_gelu: bool = False) -> str:
+        """Run the layers through "fused" (Triton kernels; CUDA, or Triton's interpreter in
+        tests) or eager torch, which "compile" also gets (no compiled path here). Returns
+        the kernels in use. ``exact_gelu`` is BERT's: GeGLU's fused GELU is the erf form."""
+        check_kernels(kernels)
+        self.kernels = "fused" if kernels == "fused" else "torch"
+        return self.kernels
+
     def forward(
         self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
     ) -> torch.Tensor:
         x = self.word[ids]
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)  # [T, D]
+        if self.kernels == "fused":
+            return self._forward_fused(x, cos, sin, attn)
         if self.type0 is not None:
             x = x + self.type0
         x = layer_norm(x, self.emb_ln_w, self.emb_ln_b, self.eps)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
-        for layer in self.layers:
+        for layer in self.layers:  # [T, 1, D] cos/sin: broadcast over heads
             x = layer(x, cos[:, None], sin[:, None], attn)
+        return x
+
+    def _forward_fused(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        if self.type0 is not None:  # one row, broadcast (row stride 0) over the tokens
+            x = fused.add_layer_norm(
+                x, self.type0.expand_as(x), self.emb_ln_w, self.emb_ln_b, self.eps
+            )
+        else:
+            x = layer_norm(x, self.emb_ln_w, self.emb_ln_b, self.eps)
+        for layer in self.layers:
+            x = layer.forward_fused(x, cos, sin, attn)
         return x
