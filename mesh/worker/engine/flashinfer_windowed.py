@@ -1,0 +1,140 @@
+"""CUDA attention for a windowed model's batches that its window cuts (ModernBERT's local
+layers, Gemma 3's sliding ones): FlashInfer fa2 ragged prefill with the window as a mask.
+
+A planned batch holds two FlashInfer plans: a plain one (:class:`FlashInferRagged`) for the
+global layers, and one with the band of the model's window as a custom mask for the local
+layers; ``run(q, k, v, window=w)`` picks by whether ``w`` is None. Grouped SDPA ran these
+batches (nearly every 16k-token batch of corpus texts holds one sequence past the window),
+so ModernBERT-base and EmbeddingGemma-300m ran 0.08 and 0.03 M tok/s on the H200, below
+sentence-transformers (0.12 / 0.105), while BERT-base on FlashInfer ran 2.4 M.
+
+Why a custom mask rather than FlashInfer's ``window_left``: that bounds keys on the left
+only, and the bidirectional windows bound both sides; one mask serves both kinds (causal
+Gemma 3 included), through the same compiled module as the plain plan. The mask holds, per
+sequence of ``l`` tokens, ``l x l`` booleans row-major (query rows, key columns), sequences
+concatenated in batch order (:func:`band_mask`), as FlashInfer's ragged ``custom_mask`` wants.
+
+Why the boolean ``custom_mask`` and device offsets: FlashInfer packs that mask into bits
+per sequence itself (``segment_packbits``, each sequence from a byte boundary), whereas its
+ragged ``plan`` with a ``packed_custom_mask`` offsets the sequences by their element
+counts; and ``segment_packbits`` wants the offsets on the mask's device (FlashInfer
+releases before mid-2026 do not move them there). It reads its output size back, so a
+plan costs one host sync: this backend runs eagerly, never in a graph.
+
+Not here: a bias (MPNet), more than one window size per model, and ``plan(keys=)``
+(ColBERT query expansion): ``gpu.GpuRunner`` runs those batches on grouped SDPA.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mesh.worker.engine.flashinfer_attention import WORKSPACE_BYTES, FlashInferRagged
+
+
+def band_mask(
+    lengths: torch.Tensor, rows: int, size: int, window: int, causal: bool
+) -> torch.Tensor:
+    """FlashInfer's flattened ragged custom mask (bool ``[size]``, on ``lengths``' device) of
+    a window: for each sequence of ``l`` tokens (``lengths``, int64 ``[n]``), ``l x l``
+    row-major with ``allowed[i, j] = |i - j| <= window``, and ``j <= i`` too when causal, as
+    :func:`.attention.sequence_mask` (and grouped SDPA) limit it. ``rows`` (``sum(l)``) and
+    ``size`` (``sum(l * l)``) come from the host so that nothing here reads the device."""
+    device = lengths.device
+    # Each query row's sequence length, and its position i in the sequence.
+    row_len = torch.repeat_interleave(lengths, lengths, output_size=rows)
+    seq_start = torch.repeat_interleave(
+        torch.cumsum(lengths, 0) - lengths, lengths, output_size=rows
+    )
+    pos = torch.arange(rows, device=device) - seq_start
+    # Element e of row r is key j = e - first[r]; so i - j = (i + first[r]) - e.
+    first = torch.cumsum(row_len, 0) - row_len
+    row_of = torch.repeat_interleave(torch.arange(rows, device=device), row_len, output_size=size)
+    diff = (pos + first)[row_of] - torch.arange(size, device=device)
+    return (diff <= window) & (diff >= (0 if causal else -window))
+
+
+class FlashInferWindowed:
+    """``AttentionBackend`` (``takes_masks``, windows only) over FlashInfer fa2 ragged
+    prefill for a model whose local layers all have the one ``window``; eager only. The
+    global layers' plan uses ``workspace`` (the runner's, shared as its other wrappers share
+    it); the masked plan gets one of its own."""
+
+    takes_masks = True
+    takes_keys = False
+    windows_covered = False  # the window is applied, not dropped (attend() passes it)
+
+    def __init__(
+        self,
+        heads: tuple[int, int, int],
+        dtype: torch.dtype,
+        device: torch.device,
+        window: int,
+        workspace: torch.Tensor | None = None,
+    ) -> None:
+        import flashinfer
+
+        self.num_heads, self.num_kv_heads, self.head_dim = heads
+        self.dtype = dtype
+        self.device = device
+        self.window = window
+        self.full = FlashInferRagged(heads, dtype, device, None, workspace)
+        self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.banded = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+            self.workspace, "NHD", backend="fa2"
+        )
+        # As FlashInferRagged's: plan() stages through FlashInfer's pinned host buffer, so
+        # the next plan waits until the device has taken the last one.
+        self._planned: torch.cuda.Event | None = None
+
+    def plan(
+        self,
+        cu_seqlens: torch.Tensor,
+        causal: bool,
+        scale: float | None = None,
+        keys: np.ndarray | None = None,
+    ) -> None:
+        if keys is not None:
+            raise ValueError("FlashInferWindowed takes no keys= (grouped SDPA runs those)")
+        self.full.plan(cu_seqlens, causal, scale)
+        cu = cu_seqlens.to("cpu", torch.int64)
+        lengths = cu[1:] - cu[:-1]
+        rows, size = int(cu[-1]), int((lengths * lengths).sum())
+        if self._planned is not None:
+            self._planned.synchronize()
+        # cu_seqlens is the runner's pinned staging, kept until after plan (gpu.py).
+        cu_d = cu_seqlens.to(self.device, non_blocking=True).to(torch.int32)
+        mask = band_mask((cu_d[1:] - cu_d[:-1]).long(), rows, size, self.window, causal)
+        self.banded.plan(
+            cu_d,
+            cu_d,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            custom_mask=mask,
+            # The mask says it all (FlashInfer ignores causal beside one); False keeps
+            # its work split from assuming a causal triangle.
+            causal=False,
+            sm_scale=scale,
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+        )
+        self._planned = torch.cuda.Event()
+        self._planned.record()
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        window: int | None = None,
+    ) -> torch.Tensor:
+        if bias is not None:
+            raise ValueError("FlashInferWindowed takes no attention bias")
+        if window is None:
+            return self.full.run(q, k, v)
+        if window != self.window:
+            raise ValueError(f"planned for window {self.window}, asked for {window}")
+        return self.banded.run(q, k, v)

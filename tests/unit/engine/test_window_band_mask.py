@@ -1,0 +1,67 @@
+"""The window mask FlashInfer gets for a windowed model's long batches (built on the device
+in one pass, here on the CPU): each sequence's ``l x l`` block, row-major, in batch order,
+is exactly the window that ``sequence_mask`` (and grouped SDPA) apply, bidirectional and
+causal, for sequences shorter than, at and past the window."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mesh.worker.engine.attention import sequence_mask
+from mesh.worker.engine.flashinfer_windowed import band_mask
+
+
+def _expected(n: int, window: int, causal: bool) -> torch.Tensor:
+    """``sequence_mask``'s limits for one sequence as a full ``[n, n]`` boolean."""
+    mask = sequence_mask(n, causal, None, window, torch.device("cpu"))
+    if mask is not None:
+        return mask[0, 0]
+    full = torch.ones(n, n, dtype=torch.bool)
+    # None: nothing cuts the sequence, except causality (SDPA's is_causal) when causal.
+    return full.tril() if causal else full
+
+
+def _blocks(lengths: list[int], window: int, causal: bool) -> list[torch.Tensor]:
+    lens = torch.tensor(lengths, dtype=torch.int64)
+    size = sum(n * n for n in lengths)
+    flat = band_mask(lens, sum(lengths), size, window, causal)
+    assert flat.dtype == torch.bool and flat.shape == (size,)
+    return [
+        b.view(n, n) for b, n in zip(flat.split([n * n for n in lengths]), lengths, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("window", [0, 1, 3, 8, 64])
+def test_each_sequence_block_is_the_sdpa_window_mask(window: int, causal: bool) -> None:
+    # Below, at and past the mask-free bound (window + 1), and far past it.
+    lengths = [1, 2, window, window + 1, window + 2, 3 * window + 5, 7, 1, 2 * window + 9]
+    lengths = [n for n in lengths if n > 0]
+    for n, block in zip(lengths, _blocks(lengths, window, causal), strict=True):
+        assert torch.equal(block, _expected(n, window, causal)), (n, window, causal)
+
+
+def test_a_sequence_past_the_window_has_a_band() -> None:
+    (block,) = _blocks([6], 1, False)
+    expected = torch.tensor(
+        [
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [0, 1, 1, 1, 0, 0],
+            [0, 0, 1, 1, 1, 0],
+            [0, 0, 0, 1, 1, 1],
+            [0, 0, 0, 0, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(block, expected)
+    (causal,) = _blocks([6], 1, True)
+    assert torch.equal(causal, expected.tril())
+
+
+def test_the_mask_is_empty_for_an_empty_batch_sequence() -> None:
+    # An empty sequence (graph padding elsewhere) takes no elements and shifts nothing.
+    blocks = _blocks([3, 0, 4], 1, False)
+    assert [b.shape for b in blocks] == [(3, 3), (0, 0), (4, 4)]
+    assert torch.equal(blocks[2], _expected(4, 1, False))
