@@ -70,6 +70,21 @@ def qwen3_dir(path: Path, causal: bool = True, vocab_size: int = 151936, seed: i
     return _finish(model, path, pooling, 1024, extra)
 
 
+def rotary_post_ln_dir(path: Path, kind: str = "NomicBert", seed: int = 0) -> Path:
+    """nomic-embed-text-v1.5's shape (12x768, SwiGLU 3072, rotary) as ``NomicBert``, or the
+    same layers as ``Gte`` with GeGLU (erf GELU), gte-base-en-v1.5's MLP."""
+    import transformers
+
+    torch.manual_seed(seed)
+    act = {"hidden_act": "gelu"} if kind == "Gte" else {}
+    config = getattr(transformers, f"{kind}Config")(
+        vocab_size=30528, max_position_embeddings=8192, **BERT_BASE, **act
+    )
+    with torch.device(_init_device()):
+        model = getattr(transformers, f"{kind}Model")(config).eval()
+    return _finish(model, path, "mean_tokens", 768, {})
+
+
 def _init_device() -> str:
     # Random init of 0.6B parameters takes minutes on a slow host's CPUs, a second on GPU.
     return "cuda" if torch.cuda.is_available() else "cpu"

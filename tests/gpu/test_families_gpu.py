@@ -1,6 +1,7 @@
 """Every family beyond BERT and Qwen3 on CUDA in bf16 against transformers in fp32 on the GPU
 (random weights from transformers' own init, in shapes with head_dim 64 so the FlashInfer
-families take FlashInfer): cos >= 0.999 per sequence. The FlashInfer families run a batch
+families take FlashInfer), with the default kernels (fused where the family has them, which
+the engine must report): cos >= 0.999 per sequence. The FlashInfer families run a batch
 eagerly, then again through the graph captured after it; the families that need an
 attention bias or window (MPNet, ModernBERT, Gemma 3) run this batch (sequences longer than
 the windows) with torch SDPA eagerly, no graph captured. A windowed family's batch within
@@ -17,6 +18,7 @@ import torch
 from models import _finish
 from test_gpu_engine import cosines, pack, random_seqs
 
+from mesh.worker.engine import fused
 from mesh.worker.engine.engine import Engine
 
 transformers = pytest.importorskip("transformers")
@@ -60,6 +62,15 @@ def _nomic() -> torch.nn.Module:
     )
 
 
+def _gte() -> torch.nn.Module:
+    # The new GTE: the nomic family with GeGLU (erf GELU) and q/k/v/o and down biases.
+    return transformers.GteModel(
+        transformers.GteConfig(
+            vocab_size=VOCAB, max_position_embeddings=1024, hidden_act="gelu", **SHAPE
+        )
+    )
+
+
 def _decoder(kind: str, **kw) -> Callable[[], torch.nn.Module]:  # noqa: ANN003
     def build() -> torch.nn.Module:
         config = getattr(transformers, f"{kind}Config")(
@@ -91,10 +102,17 @@ FAMILIES: dict[str, tuple[Callable[[], torch.nn.Module], str, bool]] = {
     "mpnet": (_mpnet, "mean", False),
     "modernbert": (_modernbert, "mean", False),
     "nomic": (_nomic, "mean", True),
+    "gte": (_gte, "mean", True),
     "qwen2": (_decoder("Qwen2"), "last", True),
     "mistral": (_decoder("Mistral", sliding_window=512), "last", True),
     "gemma3": (_gemma3, "mean", False),
 }
+
+
+# Test name -> the card's family where they differ.
+CARD_FAMILY = {"gte": "nomic"}
+# Families with no fused path: they run eager torch whatever is asked, and say so.
+EAGER_ONLY = {"modernbert", "gemma3"}
 
 
 def family_dir(family: str, path: Path, device: str = "cuda") -> Path:
@@ -132,7 +150,10 @@ def test_family_in_bf16_matches_transformers(family: str, tmp_path: Path) -> Non
     _, pooling, graphs = FAMILIES[family]
     path = family_dir(family, tmp_path / family)
     engine = Engine.load(path, device="cuda")
-    assert engine.card.family == family and engine.dtype == torch.bfloat16
+    assert engine.card.family == CARD_FAMILY.get(family, family)
+    assert engine.dtype == torch.bfloat16
+    fused_ran = fused.available() and family not in EAGER_ONLY
+    assert engine.kernels == ("fused" if fused_ran else "torch")  # the default on CUDA
     # A windowed family has graphs for the batches its windows do not cut, not this one.
     assert engine.runner.graphs_on == (graphs or engine.runner.mask_free_length is not None)
     # ids from 3: clear of the pad ids the position tables start after.

@@ -1,6 +1,7 @@
 """The fused CUDA path (Triton kernels, cuBLASLt GELU epilogue) on the GPU: each kernel
-against its pure-torch reference on a 16k-row bf16 batch, and BERT-base / Qwen3-0.6B-shaped
-engines with ``kernels="fused"`` against transformers in fp32, eagerly and through a graph."""
+against its pure-torch reference on a 16k-row bf16 batch, and BERT-base / Qwen3-0.6B /
+nomic-embed-text-v1.5 (and the same as GTE) shaped engines with ``kernels="fused"`` against
+transformers in fp32, eagerly and through a graph."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from models import bert_base_dir, qwen3_dir
+from models import bert_base_dir, qwen3_dir, rotary_post_ln_dir
 from test_gpu_engine import LENGTHS, cosines, pack, random_seqs, reference
 
 from mesh.worker.engine import fused
@@ -61,15 +62,20 @@ def test_add_rms_norm_on_a_16k_batch_rounds_the_residual_as_torch() -> None:
     _check(fused.add_rms_norm(x, None, w, 1e-6), fused.add_rms_norm_ref(x, None, w, 1e-6)[1])
 
 
+def _rope_tables(d: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    # As blocks.rope_cos_sin builds them, for positions 0..511 over and over.
+    positions = torch.arange(ROWS, device="cuda") % 512
+    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, device="cuda").float() / d)
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(BF16), emb.sin().to(BF16)
+
+
 def test_qk_norm_rope_on_a_16k_batch_with_qwen3_heads() -> None:
     hq, hkv, d = 16, 8, 128
     qkv = _randn(ROWS, (hq + 2 * hkv) * d, seed=8, scale=2.0)
     q_norm, k_norm = _gain(d, 9), _gain(d, 10)
-    positions = torch.arange(ROWS, device="cuda") % 512
-    inv_freq = 1.0 / 1e6 ** (torch.arange(0, d, 2, device="cuda").float() / d)
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos().to(BF16), emb.sin().to(BF16)
+    cos, sin = _rope_tables(d, 1e6)
     args = (q_norm, k_norm, cos, sin, hq, hkv, d, 1e-6)
     ref = fused.qk_norm_rope_ref(qkv, *args)
     q, k, v = fused.qk_norm_rope_(qkv, *args)
@@ -81,6 +87,23 @@ def test_qk_norm_rope_on_a_16k_batch_with_qwen3_heads() -> None:
 def test_silu_mul_on_a_16k_batch() -> None:
     gate_up = _randn(ROWS, 2 * 3072, seed=11, scale=2.0)
     _check(fused.silu_mul(gate_up), fused.silu_mul_ref(gate_up))
+
+
+def test_rope_without_norms_on_a_16k_batch_with_nomic_heads() -> None:
+    h, d = 12, 64
+    qkv = _randn(ROWS, 3 * h * d, seed=15, scale=2.0)
+    cos, sin = _rope_tables(d, 1000.0)
+    ref = fused.rope_ref(qkv, cos, sin, h, h, d)
+    q, k, v = fused.rope_(qkv, cos, sin, h, h, d)
+    _check(q, ref[0])
+    _check(k, ref[1])
+    assert torch.equal(v, ref[2])
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
+def test_geglu_on_a_16k_batch(act: str) -> None:
+    gate_up = _randn(ROWS, 2 * 3072, seed=16, scale=2.0)
+    _check(fused.glu(gate_up, act), fused.glu_ref(gate_up, act))
 
 
 def test_gelu_epilogue_is_the_tanh_gelu_of_the_up_projection() -> None:
@@ -133,4 +156,21 @@ def test_qwen3_shape_fused_matches_transformers_eager_and_in_a_graph(qwen3_causa
     for name, ours in zip(("eager", "graph"), _eager_then_graph(engine, seqs), strict=True):
         cos = cosines(ours, ref)
         print(f"qwen3 fused {name}: min cosine {cos.min():.6f}")
+        assert cos.min() >= 0.999, cos
+
+
+@pytest.mark.parametrize("kind", ["NomicBert", "Gte"])
+def test_nomic_shape_fused_matches_transformers_eager_and_in_a_graph(
+    tmp_path: Path, kind: str
+) -> None:
+    # NomicBert: SwiGLU; Gte: GeGLU. Both are the "nomic" family.
+    path = rotary_post_ln_dir(tmp_path / kind, kind)
+    engine = Engine.load(path, device="cuda")
+    assert engine.card.family == "nomic"
+    assert engine.kernels == "fused" and engine.dtype == BF16  # the default on CUDA
+    seqs = random_seqs(LENGTHS, 1000, 30000, seed=3)
+    ref = reference(path, seqs, "mean")
+    for name, ours in zip(("eager", "graph"), _eager_then_graph(engine, seqs), strict=True):
+        cos = cosines(ours, ref)
+        print(f"{kind} fused {name}: min cosine {cos.min():.6f}")
         assert cos.min() >= 0.999, cos
