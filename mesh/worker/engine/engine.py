@@ -144,8 +144,9 @@ class Engine:
         - None: "fused" when triton imports, else "compile" for Qwen3 and "torch" for BERT.
 
         BERT, XLM-RoBERTa and MPNet take all three (the BERT layers), the decoders (Qwen3,
-        Qwen2, Mistral) too; ModernBERT, NomicBERT/GTE and Gemma 3 run eager torch whatever
-        is asked, and ``Engine.kernels`` says so (docs/architecture.md has the table).
+        Qwen2, Mistral) too; NomicBERT/GTE takes "torch" and "fused" ("compile" runs eager
+        torch); ModernBERT and Gemma 3 run eager torch whatever is asked. ``Engine.kernels``
+        says what runs (docs/architecture.md has the table).
 
         ``compile_elementwise`` is the older spelling: True means "compile", False "torch"
         (launch's ``--no-compile``); it must agree with ``kernels`` when both are given.
