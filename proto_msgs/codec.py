@@ -21,7 +21,6 @@ each field travels, one checker per body field), so a message costs only the che
 from __future__ import annotations
 
 import dataclasses
-import math
 import struct
 import types
 import typing
@@ -77,7 +76,11 @@ Check = Callable[[Any], Any]  # a decoded body value → the field's value, or P
 # A field's default when a peer leaves it out (a peer from before the field was added): a
 # factory, or None for a field without a default, which is then required.
 Default = Callable[[], Any] | None
-BodyCheck = tuple[str, str, Check, Default]
+# The one type a value may have to be taken as it is, without calling its checker: int, float
+# or bool for fields of those types (msgpack makes exactly these), None for every other field.
+# What it lets through is exactly what the checker would have returned unchanged.
+Fast = type | None
+BodyCheck = tuple[str, str, Check, Default, Fast]
 
 # How a field travels: in the msgpack body, or as payload frames (one array, a list of arrays,
 # one blob, one array or none).
@@ -90,9 +93,11 @@ class _Plan:
     """What encoding and decoding one message class needs, worked out from its hints once."""
 
     name: str
-    fields: tuple[tuple[str, int], ...]  # every field in declaration order, and how it travels
-    body: tuple[BodyCheck, ...]  # body fields: name, "missing" error, checker, default
-    payload: dict[str, int]  # payload fields, in declaration order
+    header: bytes  # the header frame: magic, version, command byte
+    body_names: tuple[str, ...]  # body fields in declaration order, the body map's order
+    payload_fields: tuple[tuple[str, int], ...]  # payload fields in declaration order, and how
+    body: tuple[BodyCheck, ...]  # body fields: name, "missing" error, checker, default, fast
+    payload: dict[str, tuple[int, str]]  # payload field → how it travels, "Class.field"
     lists: tuple[str, ...]  # the payload fields that are lists of arrays
 
 
@@ -127,11 +132,14 @@ def _make_plan(cls: type) -> _Plan:
     hints = _field_hints(cls)
     fields = tuple((name, _travels(tp)) for name, tp in hints.items())
     body = {name: hints[name] for name, how in fields if how == _BODY}
+    payload = tuple((name, how) for name, how in fields if how != _BODY)
     return _Plan(
         name=cls.__name__,
-        fields=fields,
+        header=_HEADER.pack(MAGIC, VERSION, cls.COMMAND),
+        body_names=tuple(body),
+        payload_fields=payload,
         body=_body_checks(body, cls.__name__, cls),
-        payload={name: how for name, how in fields if how != _BODY},
+        payload={name: (how, f"{cls.__name__}.{name}") for name, how in payload},
         lists=tuple(name for name, how in fields if how == _ARRAYS),
     )
 
@@ -139,9 +147,22 @@ def _make_plan(cls: type) -> _Plan:
 def _body_checks(hints: dict[str, Any], where: str, cls: type) -> tuple[BodyCheck, ...]:
     defaults = {f.name: _default(f) for f in dataclasses.fields(cls)}
     return tuple(
-        (name, f"{where}.{name}: missing", _checker(tp, f"{where}.{name}"), defaults[name])
+        (
+            name,
+            f"{where}.{name}: missing",
+            _checker(tp, f"{where}.{name}"),
+            defaults[name],
+            _fast_type(tp),
+        )
         for name, tp in hints.items()
     )
+
+
+def _fast_type(tp: Any) -> Fast:
+    # str is left out: its checker also bounds the length, with a limit read at each call.
+    args = typing.get_args(tp) if typing.get_origin(tp) in (Union, types.UnionType) else (tp,)
+    scalars = [a for a in args if a in (int, float, bool)]
+    return scalars[0] if len(scalars) == 1 else None
 
 
 def _default(f: dataclasses.Field) -> Default:
@@ -156,9 +177,11 @@ def _default(f: dataclasses.Field) -> Default:
 
 
 def _read_body(value: dict[str, Any], checks: tuple[BodyCheck, ...], into: dict) -> dict:
-    for name, missing, check, default in checks:
+    for name, missing, check, default, fast in checks:
         item = value.get(name, _MISSING)
-        if item is _MISSING:
+        if type(item) is fast:  # most fields: a checker call saved per field
+            into[name] = item
+        elif item is _MISSING:
             if default is None:
                 raise ProtocolError(missing)
             into[name] = default()
@@ -201,14 +224,14 @@ def _union_checker(tp: Any, where: str) -> Check:
 
 def _list_checker(tp: Any, where: str) -> Check:
     (item_tp,) = typing.get_args(tp)
-    item = _checker(item_tp, f"{where}[]")
+    item, fast = _checker(item_tp, f"{where}[]"), _fast_type(item_tp)
 
     def check_list(value: Any) -> list[Any]:
         if not isinstance(value, list):
             raise ProtocolError(f"{where}: expected a list")
         if len(value) > limits.MAX_SEQUENCES:
             raise ProtocolError(f"{where}: list too long")
-        return [item(v) for v in value]
+        return [v if type(v) is fast else item(v) for v in value]
 
     return check_list
 
@@ -216,11 +239,12 @@ def _list_checker(tp: Any, where: str) -> Check:
 def _dict_checker(tp: Any, where: str) -> Check:
     ktp, vtp = typing.get_args(tp)
     key, val = _checker(ktp, f"{where}.key"), _checker(vtp, f"{where}.value")
+    fast = _fast_type(vtp)
 
     def check_dict(value: Any) -> dict[Any, Any]:
         if not isinstance(value, dict) or len(value) > limits.MAX_SEQUENCES:
             raise ProtocolError(f"{where}: expected a map")
-        return {key(k): val(v) for k, v in value.items()}
+        return {key(k): v if type(v) is fast else val(v) for k, v in value.items()}
 
     return check_dict
 
@@ -279,8 +303,6 @@ def _scalar_checker(tp: Any, where: str) -> Check:
 
 # ---- encoding ---------------------------------------------------------------------------------
 
-# Values msgpack takes as they are: most body fields, so they skip _plain's walk.
-_AS_IS = frozenset({int, float, str, bool, bytes, type(None)})
 _DATACLASS_FIELDS: dict[type, tuple[str, ...] | None] = {}
 _WIRE_NAMES: dict[np.dtype, str] = {v: k for k, v in WIRE_DTYPES.items()}
 
@@ -295,59 +317,53 @@ def _dataclass_fields(tp: type) -> tuple[str, ...] | None:
 
 
 def _plain(value: Any) -> Any:
-    if type(value) in _AS_IS:
-        return value
+    """msgpack's ``default``: what it cannot pack itself, as something it can. msgpack walks
+    lists, tuples and dicts (and int, float, str subclasses such as IntEnum) on its own and
+    calls this only for the rest, so a body of plain values costs no Python call."""
     names = _dataclass_fields(type(value))
     if names is not None:
-        return {name: _plain(getattr(value, name)) for name in names}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {name: getattr(value, name) for name in names}
     if isinstance(value, np.integer):
         return int(value)
-    if isinstance(value, np.floating):
+    if isinstance(value, np.floating):  # np.float64 is a float and never gets here
         return float(value)
-    return value
+    raise TypeError(f"can not serialize {type(value).__name__!r} object")
 
 
 def _array_frame(name: str, arr: np.ndarray) -> tuple[list[Any], np.ndarray]:
-    wire = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
-    dtype_name = _WIRE_NAMES.get(wire)
-    if dtype_name is None:  # equal dtypes need not hash alike: the slow look before refusing
-        dtype_name = next((k for k, v in WIRE_DTYPES.items() if v == wire), None)
+    dtype_name = _WIRE_NAMES.get(arr.dtype)
     if dtype_name is None:
-        raise TypeError(f"{name}: dtype {arr.dtype} cannot travel on the wire")
+        wire = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
+        # Equal dtypes need not hash alike: the slow look before refusing.
+        dtype_name = next((k for k, v in WIRE_DTYPES.items() if v == wire), None)
+        if dtype_name is None:
+            raise TypeError(f"{name}: dtype {arr.dtype} cannot travel on the wire")
     arr = np.ascontiguousarray(arr, dtype=WIRE_DTYPES[dtype_name])
-    return [name, dtype_name, list(arr.shape)], arr
+    return [name, dtype_name, arr.shape], arr  # msgpack packs a tuple as the list it was
 
 
 def encode(msg: Message) -> list[Frame]:
     """Frames for ``msg`` (without any routing identity)."""
-    body: dict[str, Any] = {}
+    plan = _plan(type(msg))
+    body = {name: getattr(msg, name) for name in plan.body_names}
     descriptors: list[list[Any]] = []
     payload: list[Frame] = []
-    for name, how in _plan(type(msg)).fields:
+    for name, how in plan.payload_fields:
         value = getattr(msg, name)
-        if how == _BODY:
-            body[name] = value if type(value) in _AS_IS else _plain(value)
-        elif how == _ARRAY or (how == _ARRAY_OPT and value is not None):
+        if how == _ARRAY or (how == _ARRAY_OPT and value is not None):
             desc, arr = _array_frame(name, value)
             descriptors.append(desc)
             payload.append(arr)
-        elif how == _ARRAY_OPT:
-            continue
         elif how == _ARRAYS:
             for arr in value:
                 desc, arr = _array_frame(name, arr)
                 descriptors.append(desc)
                 payload.append(arr)
-        else:
+        elif how == _BLOB:
             descriptors.append([name, "bytes", len(value)])
             payload.append(value)
     body["_a"] = descriptors
-    header = _HEADER.pack(MAGIC, VERSION, msg.COMMAND)
-    return [header, msgpack.packb(body, use_bin_type=True), *payload]
+    return [plan.header, msgpack.packb(body, default=_plain), *payload]
 
 
 # ---- decoding ---------------------------------------------------------------------------------
@@ -368,14 +384,19 @@ def _array(buf: memoryview, kind: Any, shape: Any, where: str) -> np.ndarray:
     dtype = WIRE_DTYPES.get(kind) if isinstance(kind, str) else None
     if dtype is None or not isinstance(shape, list) or not 1 <= len(shape) <= 2:
         raise ProtocolError(f"{where}: bad array descriptor")
+    # type() is int, not isinstance: a bool is an int, and msgpack makes no other subclass.
     for s in shape:
-        if not isinstance(s, int) or isinstance(s, bool) or not 0 <= s <= limits.MAX_ARRAY_BYTES:
+        if type(s) is not int or not 0 <= s <= limits.MAX_ARRAY_BYTES:
             raise ProtocolError(f"{where}: bad array descriptor")
-    # Python ints: np.prod in int64 wraps around on huge declared shapes.
-    if math.prod(shape) * dtype.itemsize != buf.nbytes:
+    if len(shape) == 1:
+        if shape[0] * dtype.itemsize != buf.nbytes:
+            raise ProtocolError(f"{where}: frame size disagrees with shape {shape}")
+        return np.frombuffer(buf, dtype)  # 1-D: the size check fixed its shape
+    rows, cols = shape
+    # Python ints: a product in int64 wraps around on huge declared shapes.
+    if rows * cols * dtype.itemsize != buf.nbytes:
         raise ProtocolError(f"{where}: frame size disagrees with shape {shape}")
-    arr = np.frombuffer(buf, dtype=dtype)
-    return arr if len(shape) == 1 else arr.reshape(shape)  # 1-D: the size check fixed its shape
+    return np.frombuffer(buf, dtype).reshape(rows, cols)
 
 
 def _payload_fields(
@@ -390,25 +411,26 @@ def _payload_fields(
         if not isinstance(desc, list) or len(desc) != 3 or not isinstance(desc[0], str):
             raise ProtocolError(f"{where}: bad payload descriptor")
         name, kind, shape = desc
-        how = travels.get(name)
-        if how is None:
+        field = travels.get(name)
+        if field is None:
             raise ProtocolError(f"{where}: payload for unknown field {name!r}")
+        how, field_where = field
         buf = _buffer(frame)
         if buf.nbytes > limits.MAX_ARRAY_BYTES:
-            raise ProtocolError(f"{where}.{name}: frame over {limits.MAX_ARRAY_BYTES} bytes")
+            raise ProtocolError(f"{field_where}: frame over {limits.MAX_ARRAY_BYTES} bytes")
         if how == _BLOB:
             if kind != "bytes" or shape != buf.nbytes or name in out:
-                raise ProtocolError(f"{where}.{name}: bad blob descriptor")
+                raise ProtocolError(f"{field_where}: bad blob descriptor")
             out[name] = bytes(buf)
-        elif how in (_ARRAY, _ARRAY_OPT):
-            arr = _array(buf, kind, shape, f"{where}.{name}")
-            if name in out:
-                raise ProtocolError(f"{where}.{name}: sent twice")
-            out[name] = arr
+        elif how == _ARRAYS:
+            out[name].append(_array(buf, kind, shape, field_where))
         else:
-            out[name].append(_array(buf, kind, shape, f"{where}.{name}"))
+            arr = _array(buf, kind, shape, field_where)
+            if name in out:
+                raise ProtocolError(f"{field_where}: sent twice")
+            out[name] = arr
     if len(out) != len(travels):  # list fields are always in out: an empty list is a list
-        for name, how in travels.items():
+        for name, (how, _) in travels.items():
             if how == _ARRAY_OPT:
                 out.setdefault(name, None)
         missing = [n for n in travels if n not in out]
@@ -438,11 +460,9 @@ def decode(frames: list[Frame]) -> Message:
     if body_buf.nbytes > limits.MAX_BODY_BYTES:
         raise ProtocolError("body over size limit")
     try:
-        body = msgpack.unpackb(
-            body_buf,
-            raw=False,
-            strict_map_key=True,
-        )
+        # msgpack >= 1.0's defaults, raw=False and strict_map_key=True (str, never bytes; map
+        # keys only str or bytes), spelled out: they are part of what the codec accepts.
+        body = msgpack.unpackb(body_buf, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise ProtocolError(f"body is not msgpack: {exc.__class__.__name__}") from exc
     if not isinstance(body, dict):
