@@ -27,10 +27,22 @@ Not here: a bias (MPNet), more than one window size per model, and ``plan(keys=)
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
-from mesh.worker.engine.flashinfer_attention import WORKSPACE_BYTES, FlashInferRagged
+from mesh.worker.engine.flashinfer_attention import (
+    FLASHINFER_HEAD_DIMS,
+    WORKSPACE_BYTES,
+    FlashInferRagged,
+)
+
+# Which backend runs a windowed model's batches that its window cuts: "flashinfer" (the
+# default: this module, where it applies) or "sdpa" (grouped SDPA, the path before it), to
+# fall back to should this one misbehave on a GPU.
+WINDOW_MASK_ENV = "EMBEDMESH_WINDOW_MASK"
+WINDOW_MASK_CHOICES = ("flashinfer", "sdpa")
 
 
 def band_mask(
@@ -138,3 +150,34 @@ class FlashInferWindowed:
         if window != self.window:
             raise ValueError(f"planned for window {self.window}, asked for {window}")
         return self.banded.run(q, k, v)
+
+
+def single_window(model: torch.nn.Module) -> int | None:
+    """The one window all of ``model``'s local layers have (each layer's ``window``, None on a
+    global one); None for a model without windows, with a bias (no ``mask_free_length``:
+    MPNet) or with windows of several sizes (a mask each: not built)."""
+    if getattr(model, "mask_free_length", None) is None:
+        return None
+    layers = getattr(model, "layers", ())
+    windows = {layer.window for layer in layers if getattr(layer, "window", None) is not None}
+    return windows.pop() if len(windows) == 1 else None
+
+
+def windowed_backend(
+    model: torch.nn.Module,
+    heads: tuple[int, int, int],
+    dtype: torch.dtype,
+    device: torch.device,
+    workspace: torch.Tensor | None = None,
+) -> FlashInferWindowed | None:
+    """The backend for ``model``'s batches its window cuts, or None where grouped SDPA keeps
+    them: ``EMBEDMESH_WINDOW_MASK=sdpa``, no single window (:func:`single_window`), or a
+    head_dim FlashInfer was not checked on (EmbeddingGemma's 256 goes to torch varlen,
+    which takes no mask)."""
+    choice = os.environ.get(WINDOW_MASK_ENV, "flashinfer")
+    if choice not in WINDOW_MASK_CHOICES:
+        raise ValueError(f"{WINDOW_MASK_ENV}={choice!r}: one of {WINDOW_MASK_CHOICES}")
+    window = single_window(model)
+    if choice == "sdpa" or window is None or heads[2] not in FLASHINFER_HEAD_DIMS:
+        return None
+    return FlashInferWindowed(heads, dtype, device, window, workspace)

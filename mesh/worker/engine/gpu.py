@@ -22,10 +22,13 @@ token-to-slot map and inverse lengths staged like the pooling indices. Only a ba
 the hidden states themselves (bge-m3's lexical weights) runs eagerly whatever its size.
 
 A model whose attention needs a mask (MPNet's relative bias, ModernBERT's and Gemma 3's
-sliding windows: ``needs_masks``) runs torch SDPA over length-sorted padded groups
-(:class:`.attention_grouped.SdpaGrouped`), eagerly, for the batches that need one; for a
-windowed model that is only a batch holding a sequence longer than ``mask_free_length``
+sliding windows: ``needs_masks``) runs its batches that need one eagerly; for a windowed
+model that is only a batch holding a sequence longer than ``mask_free_length``
 (:func:`.attention.mask_free`), and every other batch takes the path above, window dropped.
+Such a batch runs FlashInfer with the window as a mask
+(:class:`.flashinfer_windowed.FlashInferWindowed`) where that applies (one window size,
+head_dim 64 or 128, no ``keys``; ``EMBEDMESH_WINDOW_MASK=sdpa`` turns it off), else torch
+SDPA over length-sorted padded groups (:class:`.attention_grouped.SdpaGrouped`), as MPNet's.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from mesh.worker.engine.flashinfer_attention import (
     TorchVarlen,
     cuda_backend,
 )
+from mesh.worker.engine.flashinfer_windowed import windowed_backend
 from mesh.worker.engine.pooling import PoolBuffers, fill_pool_indices, pool, static_pool
 from mesh.worker.engine.spans import SpanBuffers, fill_span_index, span_means, static_span_means
 
@@ -144,12 +148,13 @@ class GpuRunner:
         self.dtype = model.dtype
         self.heads = model_heads(model)
         # A batch whose attention needs a bias or a window (MPNet's always; ModernBERT's and
-        # Gemma 3's with a sequence over mask_free_length) runs torch SDPA over length-sorted
-        # padded groups, eagerly: FlashInfer's fa2 ragged prefill takes neither, and planning
-        # the groups reads lengths on the host. (SDPA per sequence ran them 15-30x slower than
-        # sentence-transformers: attention_grouped.py.) A windowed model's other batches take
-        # the fast backend and graphs, as BERT's: all masked, ModernBERT-base and
-        # EmbeddingGemma-300m ran 0.08 and 0.03 M tok/s on the H200, BERT-base 2.4 M.
+        # Gemma 3's with a sequence over mask_free_length) runs eagerly: its masks are planned
+        # from lengths read on the host. MPNet's bias only grouped SDPA takes (SDPA per
+        # sequence ran 15-30x slower than sentence-transformers: attention_grouped.py); a
+        # window FlashInfer takes as a custom mask (flashinfer_windowed.py). A windowed
+        # model's other batches take the fast backend and graphs, as BERT's: all on grouped
+        # SDPA, ModernBERT-base and EmbeddingGemma-300m ran 0.08 and 0.03 M tok/s on the
+        # H200, BERT-base 2.4 M.
         self.masked = bool(getattr(model, "needs_masks", False))
         self.mask_free_length: int | None = getattr(model, "mask_free_length", None)
         fast = mask_free(1, self.masked, self.mask_free_length)  # False: every batch is masked
@@ -158,8 +163,15 @@ class GpuRunner:
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.max_len = card.max_input_tokens
         # eager_attn: the mask-free backend where the model has one, else SDPA's (MPNet);
-        # masked_attn: SDPA's, for the batches that need masks (None when none do).
+        # masked_attn: SDPA's, for the batches that need masks (None when none do);
+        # windowed_attn: FlashInfer with the window as a mask, for a windowed model's batches
+        # that need one, where it applies (None: masked_attn runs them).
         self.masked_attn: SdpaGrouped | None = SdpaGrouped() if self.masked else None
+        self.windowed_attn = (
+            windowed_backend(model, self.heads, self.dtype, device, self.workspace)
+            if self.masked
+            else None
+        )
         self.eager_attn: Any = self._fast_backend() if fast else self.masked_attn
         self.graphs: dict[int, _Graph] = {}
         self.failed: set[int] = set()  # buckets whose capture failed: they stay eager
@@ -175,7 +187,8 @@ class GpuRunner:
         self.capture_seconds = 0.0  # total, for logs and tests
         self.graph_batches = 0  # batches replayed through a graph / run eagerly, for logs
         self.eager_batches = 0
-        self.masked_batches = 0  # of the eager ones, those run with masks (SdpaGrouped)
+        self.masked_batches = 0  # of the eager ones, those run with masks
+        self.windowed_batches = 0  # of the masked ones, those on windowed_attn (the rest SDPA)
 
     def _fast_backend(
         self, capacity: tuple[int, int] | None = None
@@ -280,8 +293,11 @@ class GpuRunner:
             assert graph.span_rows is not None  # a graph of the span family
             return pooled, None, graph.span_rows[: spans.shape[0]].clone()
         self.eager_batches += 1
-        attn = self.eager_attn if fast else self.masked_attn
+        # keys (a ColBERT query's expansion) only grouped SDPA takes beside a window.
+        windowed = not fast and self.windowed_attn is not None and keys is None
+        attn = self.eager_attn if fast else self.windowed_attn if windowed else self.masked_attn
         self.masked_batches += not fast
+        self.windowed_batches += windowed
         ids_d = ids_h.to(self.device, non_blocking=True)
         pos_d = pos_h.to(self.device, non_blocking=True)
         cu_d = cu_h.to(self.device, non_blocking=True)
@@ -415,6 +431,6 @@ class GpuRunner:
             f"graphs {sorted(self.graphs)} (failed {sorted(self.failed)}), span graphs "
             f"{sorted(self.span_graphs)} (failed {sorted(self.span_failed)}), batches "
             f"{self.graph_batches} replayed / {self.eager_batches} eager "
-            f"({self.masked_batches} masked), "
+            f"({self.masked_batches} masked, {self.windowed_batches} of them FlashInfer), "
             f"capture {self.capture_seconds:.2f} s"
         )

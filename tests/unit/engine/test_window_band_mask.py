@@ -1,15 +1,23 @@
 """The window mask FlashInfer gets for a windowed model's long batches (built on the device
 in one pass, here on the CPU): each sequence's ``l x l`` block, row-major, in batch order,
 is exactly the window that ``sequence_mask`` (and grouped SDPA) apply, bidirectional and
-causal, for sequences shorter than, at and past the window."""
+causal, for sequences shorter than, at and past the window; and which models get that
+backend (one window size, a head_dim FlashInfer was checked on, not switched off)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from mesh.worker.engine.attention import sequence_mask
-from mesh.worker.engine.flashinfer_windowed import band_mask
+from mesh.worker.engine.flashinfer_windowed import (
+    WINDOW_MASK_ENV,
+    band_mask,
+    single_window,
+    windowed_backend,
+)
 
 
 def _expected(n: int, window: int, causal: bool) -> torch.Tensor:
@@ -65,3 +73,41 @@ def test_the_mask_is_empty_for_an_empty_batch_sequence() -> None:
     blocks = _blocks([3, 0, 4], 1, False)
     assert [b.shape for b in blocks] == [(3, 3), (0, 0), (4, 4)]
     assert torch.equal(blocks[2], _expected(4, 1, False))
+
+
+def _model(windows: list[int | None], mask_free_length: int | None = 0) -> SimpleNamespace:
+    layers = [SimpleNamespace(window=w) for w in windows]
+    return SimpleNamespace(layers=layers, mask_free_length=mask_free_length)
+
+
+def test_a_model_with_one_window_size_has_that_window() -> None:
+    assert single_window(_model([None, 64, 64, None, 64])) == 64
+
+
+def test_models_without_one_window_size_keep_grouped_sdpa() -> None:
+    assert single_window(_model([None, 64, 32])) is None  # a mask per size: not built
+    assert single_window(_model([None, None], mask_free_length=None)) is None
+    assert single_window(_model([None], mask_free_length=None)) is None  # MPNet: a bias
+
+
+@pytest.mark.parametrize(
+    ("choice", "head_dim", "model"),
+    [
+        ("sdpa", 64, _model([None, 64])),  # switched off
+        ("flashinfer", 256, _model([None, 64])),  # EmbeddingGemma's head_dim: not checked
+        ("flashinfer", 64, _model([None, 64, 32])),
+    ],
+)
+def test_the_windowed_backend_is_not_built_where_it_does_not_apply(
+    choice: str, head_dim: int, model: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(WINDOW_MASK_ENV, choice)
+    heads = (8, 8, head_dim)
+    # No flashinfer here: building it would fail, so None means nothing was built.
+    assert windowed_backend(model, heads, torch.bfloat16, torch.device("cpu")) is None
+
+
+def test_an_unknown_window_mask_choice_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(WINDOW_MASK_ENV, "flash")
+    with pytest.raises(ValueError, match=WINDOW_MASK_ENV):
+        windowed_backend(_model([None, 64]), (8, 8, 64), torch.bfloat16, torch.device("cpu"))
