@@ -2,8 +2,10 @@
 head_dim 256, which takes torch varlen): a batch whose every sequence is within the local
 layers' window (``mask_free_length``, the bound itself included) runs the mask-free backend
 eagerly, then replays the graph captured after it, the window dropped; a batch of the same
-bucket holding one sequence a token longer runs grouped SDPA with the window mask, eagerly,
-graph or not. Both in bf16 against transformers in fp32 (test_families_gpu.py's shapes and
+bucket holding one sequence a token longer runs with the window as a mask, eagerly, graph or
+not: on FlashInfer (FlashInferWindowed) at head_dim 64, on grouped SDPA at 256; and batches
+far past the window match on FlashInfer what grouped SDPA (``EMBEDMESH_WINDOW_MASK=sdpa``)
+gives. All in bf16 against transformers in fp32 (test_families_gpu.py's shapes and
 reference): cos >= 0.999 per sequence."""
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from test_gpu_engine import cosines, pack, random_seqs
 
 from mesh.worker.engine.attention_grouped import SdpaGrouped
 from mesh.worker.engine.engine import Engine
+from mesh.worker.engine.flashinfer_windowed import WINDOW_MASK_ENV, FlashInferWindowed
 
 transformers = pytest.importorskip("transformers")
 
@@ -50,19 +53,21 @@ def _gemma3_head_dim_256() -> torch.nn.Module:
     return transformers.Gemma3TextModel(config)
 
 
-# name -> (builder, pooling, mask_free_length: the longest sequence the windows do not cut)
-WINDOWED: dict[str, tuple[Callable[[], torch.nn.Module], str, int]] = {
-    "modernbert": (_modernbert, "mean", 33),  # local_attention 64: 32 either side
-    "gemma3": (_gemma3, "mean", 65),  # sliding_window 128, bidirectional: 64 either side
-    "gemma3-causal": (_gemma3_causal, "last", 64),  # the 64 most recent keys
-    "gemma3-hd256": (_gemma3_head_dim_256, "mean", 65),
+# name -> (builder, pooling, mask_free_length: the longest sequence the windows do not cut,
+# whether a batch the window cuts runs on FlashInfer with the window as a mask)
+WINDOWED: dict[str, tuple[Callable[[], torch.nn.Module], str, int, bool]] = {
+    "modernbert": (_modernbert, "mean", 33, True),  # local_attention 64: 32 either side
+    "gemma3": (_gemma3, "mean", 65, True),  # sliding_window 128, bidirectional: 64 either side
+    "gemma3-causal": (_gemma3_causal, "last", 64, True),  # the 64 most recent keys
+    "gemma3-hd256": (_gemma3_head_dim_256, "mean", 65, False),  # grouped SDPA
 }
 
 
 @pytest.fixture(scope="module", params=list(WINDOWED))
-def windowed(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, int]:  # noqa: ANN001
-    build, pooling, longest = WINDOWED[request.param]
-    return model_dir(build, pooling, tmp_path_factory.mktemp(request.param)), pooling, longest
+def windowed(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, int, bool]:  # noqa: ANN001
+    build, pooling, longest, flashinfer = WINDOWED[request.param]
+    path = model_dir(build, pooling, tmp_path_factory.mktemp(request.param))
+    return path, pooling, longest, flashinfer
 
 
 def _lengths(longest: int) -> list[int]:
@@ -78,7 +83,7 @@ def _check(ours: torch.Tensor, ref: torch.Tensor, name: str) -> None:
 
 
 def test_windowed_batch_within_the_window_replays_a_graph(windowed) -> None:  # noqa: ANN001
-    path, pooling, longest = windowed
+    path, pooling, longest, _ = windowed
     engine = Engine.load(path, device="cuda")
     runner = engine.runner
     assert runner.masked and runner.graphs_on and runner.mask_free_length == longest
@@ -97,7 +102,7 @@ def test_windowed_batch_within_the_window_replays_a_graph(windowed) -> None:  # 
 
 
 def test_windowed_batch_past_the_window_runs_masked_beside_a_graph(windowed) -> None:  # noqa: ANN001
-    path, pooling, longest = windowed
+    path, pooling, longest, flashinfer = windowed
     engine = Engine.load(path, device="cuda")
     runner = engine.runner
     covered = random_seqs(_lengths(longest), 3, VOCAB, seed=3)
@@ -113,7 +118,37 @@ def test_windowed_batch_past_the_window_runs_masked_beside_a_graph(windowed) -> 
     assert runner.bucket_for(int(offsets[-1]), len(seqs)) == bucket
     runs = {f"masked {i}": engine.embed(ids, offsets) for i in range(2)}
     assert (runner.eager_batches, runner.masked_batches, runner.graph_batches) == (3, 2, 0)
+    assert runner.windowed_batches == (2 if flashinfer else 0)
     assert list(runner.graphs) == [bucket]
     ref = reference(path, seqs, pooling)
     for name, ours in runs.items():
         _check(ours, ref, f"{path.name} {name}")
+
+
+def test_windowed_batches_far_past_the_window_run_flashinfer_as_grouped_sdpa_would(
+    windowed,  # noqa: ANN001
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path, pooling, longest, flashinfer = windowed
+    engine = Engine.load(path, device="cuda")
+    runner = engine.runner
+    if not flashinfer:
+        assert runner.windowed_attn is None  # head_dim 256: grouped SDPA runs these batches
+        pytest.skip("this head_dim keeps grouped SDPA")
+    assert isinstance(runner.windowed_attn, FlashInferWindowed)
+    monkeypatch.setenv(WINDOW_MASK_ENV, "sdpa")
+    sdpa = Engine.load(path, device="cuda")
+    assert sdpa.runner.windowed_attn is None
+    # Two batches (a re-plan), each past the window several times over, with short ones.
+    batches = [
+        [1, 5, longest - 1, longest, longest + 1, 2 * longest + 3, 4 * longest + 7, 2, 300],
+        [3 * longest, 9, longest + 2, 130],
+    ]
+    for i, lengths in enumerate(batches):
+        seqs = random_seqs(lengths, 3, VOCAB, seed=10 + i)
+        ids, offsets = pack(seqs)
+        ours, grouped = engine.embed(ids, offsets), sdpa.embed(ids, offsets)
+        _check(ours, reference(path, seqs, pooling), f"{path.name} FlashInfer windowed {i}")
+        _check(ours, grouped, f"{path.name} FlashInfer vs grouped SDPA {i}")
+    assert (runner.eager_batches, runner.masked_batches, runner.windowed_batches) == (2, 2, 2)
+    assert (sdpa.runner.masked_batches, sdpa.runner.windowed_batches) == (2, 0)
