@@ -18,8 +18,9 @@ the only seam between the CPU path and the GPU path:
 A backend with ``takes_masks`` also takes ``run(q, k, v, bias=..., window=...)``: an additive
 relative-position ``bias`` ``[Hq, L, L]`` of which each sequence adds its top-left
 ``[Hq, l, l]`` to the scaled scores (MPNet), and a sliding ``window`` (a token sees keys at
-most ``window`` positions away; ModernBERT's local layers). Only the SDPA backends take
-them; the models that need them say so (``needs_masks``) and run on one. A window changes
+most ``window`` positions away; ModernBERT's local layers). The SDPA backends take both,
+``flashinfer_windowed.FlashInferWindowed`` a window; the models that need them say so
+(``needs_masks``) and run on one. A window changes
 nothing for a sequence of at most ``window + 1`` tokens (:func:`sequence_mask`), so a model
 with windows and no bias also says how long a sequence may be and need no mask
 (``mask_free_length``, from :func:`mask_free_length`). A backend with a true

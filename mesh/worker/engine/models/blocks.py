@@ -136,8 +136,8 @@ def attend(
     """Attention over the planned packed batch, with a relative-position ``bias``
     (``[H, L, L]``, added to the scaled scores of every sequence's top-left ``[H, l, l]``)
     or a sliding ``window`` (keys at most ``window`` positions away) when the family needs
-    one. Only backends with ``takes_masks`` can: FlashInfer's fa2 ragged prefill takes
-    neither, so :class:`mesh.worker.engine.gpu.GpuRunner` gives such models the SDPA one,
+    one. Only backends with ``takes_masks`` can (the SDPA ones; FlashInferWindowed a window
+    only), so :class:`mesh.worker.engine.gpu.GpuRunner` gives such models one of those,
     except for batches no window cuts (``windows_covered``: see :mod:`..attention`).
     """
     # A covered backend is only ever planned with sequences of at most the model's
