@@ -93,12 +93,18 @@ def time_engine(engine: Engine, batches: list, output: str, seconds: float, devi
     """A warm pass (at most ``seconds``), then passes over the batches until ``seconds``."""
     runner = engine.runner
 
-    def counts() -> tuple[int, int, int]:
+    def counts() -> tuple[int, int, int, int]:
         if runner is None:
-            return (0, 0, 0)
-        # masked_batches: a windowed model's batches past its window (grouped SDPA), a
-        # subset of eager_batches
-        return (runner.graph_batches, runner.eager_batches, runner.masked_batches)
+            return (0, 0, 0, 0)
+        # masked_batches: a windowed model's batches past its window (or MPNet's all), a
+        # subset of eager_batches; windowed_batches: of those, the ones FlashInfer ran with
+        # the window as a mask (the rest grouped SDPA)
+        return (
+            runner.graph_batches,
+            runner.eager_batches,
+            runner.masked_batches,
+            runner.windowed_batches,
+        )
 
     t = time.perf_counter()
     for b in batches:
@@ -117,9 +123,10 @@ def time_engine(engine: Engine, batches: list, output: str, seconds: float, devi
                 break
     sync(device)
     elapsed = time.perf_counter() - t
-    graph, eager, masked = (a - b for a, b in zip(counts(), before, strict=True))
+    graph, eager, masked, windowed = (a - b for a, b in zip(counts(), before, strict=True))
     return {"tok_s": tokens / elapsed, "tokens": tokens, "seconds": elapsed, "warm_pass_s": warm_s,
-            "graph_batches": graph, "eager_batches": eager, "masked_batches": masked}  # fmt: skip
+            "graph_batches": graph, "eager_batches": eager, "masked_batches": masked,
+            "windowed_batches": windowed}  # fmt: skip
 
 
 def with_spans(ids: list[np.ndarray]) -> list[tuple]:

@@ -88,6 +88,8 @@ def _path(engine: dict, output: str) -> str:
         f"{run['graph_batches']}/{run['graph_batches'] + run['eager_batches']} batches in graphs"
     )
     masked = run.get("masked_batches", 0)
+    windowed = run.get("windowed_batches", 0)  # absent in results from before it existed
     if masked:  # a windowed model's batches past its window, or MPNet's (bias) all
-        graphs += f", {masked} masked (grouped SDPA, eager)"
+        kinds = f"{windowed} FlashInfer + window mask, {masked - windowed} grouped SDPA"
+        graphs += f", {masked} masked ({kinds}, eager)"
     return f"{engine['attention']}{' + graphs' if engine['graphs_on'] else ''} ({graphs})"

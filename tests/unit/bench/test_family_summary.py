@@ -51,3 +51,11 @@ def test_skipped_and_failed_families_keep_a_row_and_partial_results_show(tmp_pat
     assert "| bert | dense |" in text
     assert "| mistral | - | skipped: 400 s + ~75 s > budget 450 s |" in text
     assert "| gemma3 | - | failed: ValueError: no / such |" in text
+
+
+def test_a_windowed_family_says_which_backend_ran_its_masked_batches(tmp_path: Path):
+    family = _family(1e6, 2e8, "bert")
+    family["engine"]["dense"] |= {"masked_batches": 3, "windowed_batches": 2}
+    write_summary(tmp_path, META, {"bert": _family(2e6, 2e8, "bert"), "modernbert": family})
+    text = (tmp_path / "summary.md").read_text()
+    assert "3 masked (2 FlashInfer + window mask, 1 grouped SDPA, eager)" in text
