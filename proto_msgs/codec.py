@@ -76,9 +76,10 @@ Check = Callable[[Any], Any]  # a decoded body value → the field's value, or P
 # A field's default when a peer leaves it out (a peer from before the field was added): a
 # factory, or None for a field without a default, which is then required.
 Default = Callable[[], Any] | None
-# The one type a value may have to be taken as it is, without calling its checker: int, float
-# or bool for fields of those types (msgpack makes exactly these), None for every other field.
-# What it lets through is exactly what the checker would have returned unchanged.
+# The one type a value may have to be taken as it is, without calling its checker: int, float,
+# bool or str for fields of those types (msgpack makes exactly these; a str within
+# limits.MAX_STRING, see _fits), None for every other field. What it lets through is exactly
+# what the checker would have returned unchanged.
 Fast = type | None
 BodyCheck = tuple[str, str, Check, Default, Fast]
 
@@ -99,6 +100,7 @@ class _Plan:
     body: tuple[BodyCheck, ...]  # body fields: name, "missing" error, checker, default, fast
     payload: dict[str, tuple[int, str]]  # payload field → how it travels, "Class.field"
     lists: tuple[str, ...]  # the payload fields that are lists of arrays
+    optional: tuple[str, ...]  # the payload fields that may be left out (None)
 
 
 _PLANS: dict[type, _Plan] = {}
@@ -141,6 +143,7 @@ def _make_plan(cls: type) -> _Plan:
         body=_body_checks(body, cls.__name__, cls),
         payload={name: (how, f"{cls.__name__}.{name}") for name, how in payload},
         lists=tuple(name for name, how in fields if how == _ARRAYS),
+        optional=tuple(name for name, how in fields if how == _ARRAY_OPT),
     )
 
 
@@ -159,10 +162,15 @@ def _body_checks(hints: dict[str, Any], where: str, cls: type) -> tuple[BodyChec
 
 
 def _fast_type(tp: Any) -> Fast:
-    # str is left out: its checker also bounds the length, with a limit read at each call.
     args = typing.get_args(tp) if typing.get_origin(tp) in (Union, types.UnionType) else (tp,)
-    scalars = [a for a in args if a in (int, float, bool)]
+    scalars = [a for a in args if a in (int, float, bool, str)]
     return scalars[0] if len(scalars) == 1 else None
+
+
+def _fits(value: Any, fast: Fast) -> bool:
+    """Whether ``value`` is taken as it is: of the field's fast type, and a str no longer than
+    check_str allows (the limit read at each call, as there: tests change it)."""
+    return type(value) is fast and (fast is not str or len(value) <= limits.MAX_STRING)
 
 
 def _default(f: dataclasses.Field) -> Default:
@@ -179,7 +187,8 @@ def _default(f: dataclasses.Field) -> Default:
 def _read_body(value: dict[str, Any], checks: tuple[BodyCheck, ...], into: dict) -> dict:
     for name, missing, check, default, fast in checks:
         item = value.get(name, _MISSING)
-        if type(item) is fast:  # most fields: a checker call saved per field
+        # Most fields: a checker call saved per field (_fits inlined, a call saved too).
+        if type(item) is fast and (fast is not str or len(item) <= limits.MAX_STRING):
             into[name] = item
         elif item is _MISSING:
             if default is None:
@@ -231,7 +240,7 @@ def _list_checker(tp: Any, where: str) -> Check:
             raise ProtocolError(f"{where}: expected a list")
         if len(value) > limits.MAX_SEQUENCES:
             raise ProtocolError(f"{where}: list too long")
-        return [v if type(v) is fast else item(v) for v in value]
+        return [v if _fits(v, fast) else item(v) for v in value]
 
     return check_list
 
@@ -239,12 +248,15 @@ def _list_checker(tp: Any, where: str) -> Check:
 def _dict_checker(tp: Any, where: str) -> Check:
     ktp, vtp = typing.get_args(tp)
     key, val = _checker(ktp, f"{where}.key"), _checker(vtp, f"{where}.value")
-    fast = _fast_type(vtp)
+    kfast, vfast = _fast_type(ktp), _fast_type(vtp)
 
     def check_dict(value: Any) -> dict[Any, Any]:
         if not isinstance(value, dict) or len(value) > limits.MAX_SEQUENCES:
             raise ProtocolError(f"{where}: expected a map")
-        return {key(k): v if type(v) is fast else val(v) for k, v in value.items()}
+        return {
+            k if _fits(k, kfast) else key(k): v if _fits(v, vfast) else val(v)
+            for k, v in value.items()
+        }
 
     return check_dict
 
@@ -370,33 +382,38 @@ def encode(msg: Message) -> list[Frame]:
 
 
 def _buffer(frame: Frame) -> memoryview:
-    buf = getattr(frame, "buffer", None)  # zmq.Frame received with copy=False
     try:
-        view = memoryview(buf if buf is not None else frame)
-    except (TypeError, ValueError, BufferError) as exc:
-        raise ProtocolError("frames must be bytes-like") from exc
+        view = memoryview(frame)  # a zmq.Frame too (pyzmq >= 26), cheaper than its .buffer
+    except (TypeError, ValueError, BufferError):
+        buf = getattr(frame, "buffer", None)  # a frame type that only offers a view
+        try:
+            view = memoryview(buf if buf is not None else frame)
+        except (TypeError, ValueError, BufferError) as exc:
+            raise ProtocolError("frames must be bytes-like") from exc
     if not view.c_contiguous:  # struct and np.frombuffer would raise BufferError on it
         raise ProtocolError("frames must be contiguous buffers")
     return view
 
 
 def _array(buf: memoryview, kind: Any, shape: Any, where: str) -> np.ndarray:
-    dtype = WIRE_DTYPES.get(kind) if isinstance(kind, str) else None
-    if dtype is None or not isinstance(shape, list) or not 1 <= len(shape) <= 2:
-        raise ProtocolError(f"{where}: bad array descriptor")
-    # type() is int, not isinstance: a bool is an int, and msgpack makes no other subclass.
-    for s in shape:
-        if type(s) is not int or not 0 <= s <= limits.MAX_ARRAY_BYTES:
-            raise ProtocolError(f"{where}: bad array descriptor")
-    if len(shape) == 1:
-        if shape[0] * dtype.itemsize != buf.nbytes:
-            raise ProtocolError(f"{where}: frame size disagrees with shape {shape}")
-        return np.frombuffer(buf, dtype)  # 1-D: the size check fixed its shape
-    rows, cols = shape
-    # Python ints: a product in int64 wraps around on huge declared shapes.
-    if rows * cols * dtype.itemsize != buf.nbytes:
-        raise ProtocolError(f"{where}: frame size disagrees with shape {shape}")
-    return np.frombuffer(buf, dtype).reshape(rows, cols)
+    # type() is, not isinstance: msgpack makes exact str, list and int (a bool is no int here).
+    dtype = WIRE_DTYPES.get(kind) if type(kind) is str else None
+    if dtype is not None and type(shape) is list:
+        top = limits.MAX_ARRAY_BYTES
+        if len(shape) == 1:
+            (size,) = shape
+            if type(size) is int and 0 <= size <= top:
+                if size * dtype.itemsize != buf.nbytes:
+                    raise ProtocolError(f"{where}: frame size disagrees with shape {shape}")
+                return np.frombuffer(buf, dtype)  # 1-D: the size check fixed its shape
+        elif len(shape) == 2:
+            rows, cols = shape
+            if type(rows) is int and type(cols) is int and 0 <= rows <= top and 0 <= cols <= top:
+                # Python ints: a product in int64 wraps around on huge declared shapes.
+                if rows * cols * dtype.itemsize != buf.nbytes:
+                    raise ProtocolError(f"{where}: frame size disagrees with shape {shape}")
+                return np.frombuffer(buf, dtype).reshape(rows, cols)
+    raise ProtocolError(f"{where}: bad array descriptor")
 
 
 def _payload_fields(
@@ -406,7 +423,7 @@ def _payload_fields(
     if not isinstance(descriptors, list) or len(descriptors) != len(frames):
         raise ProtocolError(f"{where}: {len(frames)} payload frames, descriptors disagree")
     travels = plan.payload
-    out: dict[str, Any] = {n: [] for n in plan.lists}
+    out: dict[str, Any] = {n: [] for n in plan.lists} if plan.lists else {}
     for desc, frame in zip(descriptors, frames, strict=True):
         if not isinstance(desc, list) or len(desc) != 3 or not isinstance(desc[0], str):
             raise ProtocolError(f"{where}: bad payload descriptor")
@@ -430,11 +447,10 @@ def _payload_fields(
                 raise ProtocolError(f"{field_where}: sent twice")
             out[name] = arr
     if len(out) != len(travels):  # list fields are always in out: an empty list is a list
-        for name, (how, _) in travels.items():
-            if how == _ARRAY_OPT:
-                out.setdefault(name, None)
-        missing = [n for n in travels if n not in out]
-        if missing:
+        for name in plan.optional:
+            out.setdefault(name, None)
+        if len(out) != len(travels):
+            missing = [n for n in travels if n not in out]
             raise ProtocolError(f"{where}: payload missing for {missing}")
     return out
 
@@ -467,18 +483,21 @@ def decode(frames: list[Frame]) -> Message:
         raise ProtocolError(f"body is not msgpack: {exc.__class__.__name__}") from exc
     if not isinstance(body, dict):
         raise ProtocolError("body is not a map")
-    cid = body.get("cid")
-    if not isinstance(cid, int) or isinstance(cid, bool):
-        cid = None
-    plan = _plan(cls)
+    plan = _PLANS.get(cls) or _plan(cls)
     try:
         # Payload first, then the body fields in declaration order, as errors have always come.
         fields = _payload_fields(plan, body.get("_a"), frames[2:])
         msg = cls(**_read_body(body, plan.body, fields))
         msg.validate()
     except ProtocolError as exc:
-        exc.cid = cid
+        exc.cid = _cid(body)
         raise
     except (TypeError, ValueError, OverflowError) as exc:
-        raise ProtocolError(f"{plan.name}: {exc}", cid) from exc
+        raise ProtocolError(f"{plan.name}: {exc}", _cid(body)) from exc
     return msg
+
+
+def _cid(body: dict[str, Any]) -> int | None:
+    """The correlation id of a refused message, when it carried one that reads as an int."""
+    cid = body.get("cid")
+    return cid if isinstance(cid, int) and not isinstance(cid, bool) else None
