@@ -14,12 +14,18 @@ Gemma 3 included), through the same compiled module as the plain plan. The mask 
 sequence of ``l`` tokens, ``l x l`` booleans row-major (query rows, key columns), sequences
 concatenated in batch order (:func:`band_mask`), as FlashInfer's ragged ``custom_mask`` wants.
 
-Why the boolean ``custom_mask`` and device offsets: FlashInfer packs that mask into bits
-per sequence itself (``segment_packbits``, each sequence from a byte boundary), whereas its
-ragged ``plan`` with a ``packed_custom_mask`` offsets the sequences by their element
-counts; and ``segment_packbits`` wants the offsets on the mask's device (FlashInfer
-releases before mid-2026 do not move them there). It reads its output size back, so a
-plan costs one host sync: this backend runs eagerly, never in a graph.
+Why the boolean ``custom_mask`` and device offsets (read in FlashInfer's source, main of
+2026-08; not checked on 0.7.2 itself): FlashInfer packs that mask into bits per sequence
+(``segment_packbits``, each sequence from a byte boundary), whereas its ragged ``plan``
+given a ``packed_custom_mask`` offsets the sequences by their element counts; and
+``segment_packbits`` wants the offsets on the mask's device (older releases do not move
+them there). It reads its output size back, so a plan costs one host sync (the host waits
+for the batch before): this backend runs eagerly, never in a graph.
+
+Costs: the kernel still computes every ``l x l`` tile of a sequence (a custom mask skips
+none), fine at corpus lengths (a few hundred tokens, windows of 64-256 either side); the
+mask takes ``sum(l * l)`` bytes and its build a few int64 temporaries of that length (for
+two 8k-token sequences in one batch, ~3 GB for a moment).
 
 Not here: a bias (MPNet), more than one window size per model, and ``plan(keys=)``
 (ColBERT query expansion): ``gpu.GpuRunner`` runs those batches on grouped SDPA.
@@ -43,6 +49,10 @@ from mesh.worker.engine.flashinfer_attention import (
 # fall back to should this one misbehave on a GPU.
 WINDOW_MASK_ENV = "EMBEDMESH_WINDOW_MASK"
 WINDOW_MASK_CHOICES = ("flashinfer", "sdpa")
+# Head dims this backend serves: those the plain path was checked on (FLASHINFER_HEAD_DIMS).
+# EmbeddingGemma's 256 runs grouped SDPA until tests/gpu/test_flashinfer_windowed_gpu.py's
+# head_dim-256 probe has passed on a GPU; then it belongs here.
+WINDOWED_HEAD_DIMS = FLASHINFER_HEAD_DIMS
 
 
 def band_mask(
@@ -172,12 +182,11 @@ def windowed_backend(
 ) -> FlashInferWindowed | None:
     """The backend for ``model``'s batches its window cuts, or None where grouped SDPA keeps
     them: ``EMBEDMESH_WINDOW_MASK=sdpa``, no single window (:func:`single_window`), or a
-    head_dim FlashInfer was not checked on (EmbeddingGemma's 256 goes to torch varlen,
-    which takes no mask)."""
+    head_dim outside ``WINDOWED_HEAD_DIMS``."""
     choice = os.environ.get(WINDOW_MASK_ENV, "flashinfer")
     if choice not in WINDOW_MASK_CHOICES:
         raise ValueError(f"{WINDOW_MASK_ENV}={choice!r}: one of {WINDOW_MASK_CHOICES}")
     window = single_window(model)
-    if choice == "sdpa" or window is None or heads[2] not in FLASHINFER_HEAD_DIMS:
+    if choice == "sdpa" or window is None or heads[2] not in WINDOWED_HEAD_DIMS:
         return None
     return FlashInferWindowed(heads, dtype, device, window, workspace)
