@@ -25,7 +25,9 @@ for the batch before): this backend runs eagerly, never in a graph.
 Costs: the kernel still computes every ``l x l`` tile of a sequence (a custom mask skips
 none), fine at corpus lengths (a few hundred tokens, windows of 64-256 either side); the
 mask takes ``sum(l * l)`` bytes and its build a few int64 temporaries of that length (for
-two 8k-token sequences in one batch, ~3 GB for a moment).
+two 8k-token sequences in one batch, ~3 GB for a moment). The first plan on a machine
+without FlashInfer's JIT cache also builds its quantization module (``segment_packbits``),
+as the first plain plan builds the prefill module.
 
 Not here: a bias (MPNet), more than one window size per model, and ``plan(keys=)``
 (ColBERT query expansion): ``gpu.GpuRunner`` runs those batches on grouped SDPA.
