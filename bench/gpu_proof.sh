@@ -10,7 +10,7 @@
 #   rerank  rerank throughput through HTTP (TEI /rerank, 1 query x 100 passages a request) of a
 #           BERT-base-shape cross-encoder beside sentence-transformers CrossEncoder.predict
 #   hops    one 12-word MiniLM query, idle: engine vs MeshClient vs HTTP, per hop, with the
-#           default ingress processes and with one
+#           default ingress processes and with one ($HOPS_PROCS: "default 1")
 #   mixed   MiniLM, bulk (32 clients x 64 texts) alone then with 10 live queries a second, per
 #           configuration of $MIXED_CONFIGS (';'-separated NAME=ENV|MESH_ARGS; default: the
 #           defaults, --credits 3, EMBEDMESH_BULK_NICE=10), $MIXED_SECONDS windows
@@ -50,7 +50,7 @@ PY
 fi
 
 if has hops; then
-  for procs in default 1; do
+  for procs in ${HOPS_PROCS:-default 1}; do
     extra=""; [ "$procs" = 1 ] && extra="--ingress-procs 1"
     python3 -m bench.cli --no-baseline --engine-budgets '' \
       --spawn "--device cuda --model .carry/minilm --warmup-buckets 16,32,64,128,256 $extra" \
