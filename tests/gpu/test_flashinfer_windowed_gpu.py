@@ -2,8 +2,8 @@
 its local layers (the window as FlashInfer's custom mask) and its global ones (plain) against
 the CPU path's per-sequence SDPA and grouped SDPA (the path it replaces) in fp32 on the same
 inputs, bidirectional and causal, GQA included, over two batches (a re-plan). The head_dim 256
-case (EmbeddingGemma's, kept on grouped SDPA by the runner) is a probe: whether FlashInfer's
-fa2 takes it with a custom mask, before the runner would be allowed to."""
+case (EmbeddingGemma's) was the probe that let the runner use it: FlashInfer's fa2 takes it
+with a custom mask (passed on the H200, 2026-12-03)."""
 
 from __future__ import annotations
 

@@ -16,10 +16,9 @@ On CUDA the window decides per batch (``mask_free_length``: the window plus one,
 for EmbeddingGemma's saved 512, bidirectional; ``sliding_window`` causal). A batch whose
 every sequence is that short (nearly every query and passage) takes the fast path,
 FlashInfer (varlen for head_dim 256) attention and the CUDA graphs per token bucket, the
-window dropped; a batch holding a longer one runs eagerly with the window as a mask: on
-FlashInfer (``flashinfer_windowed.py``) at head_dim 64 or 128, on torch SDPA over
-length-sorted padded groups at EmbeddingGemma's 256 (``gpu.GpuRunner``). Eager torch for
-the rest.
+window dropped; a batch holding a longer one runs eagerly with the window as a mask on
+FlashInfer (``flashinfer_windowed.py``, head_dim 256 included; ``gpu.GpuRunner``). Eager
+torch for the rest.
 """
 
 from __future__ import annotations
