@@ -193,13 +193,15 @@ class MeshClient:
         prompt_name: str | None = None,
         top_k: int | None = None,
         threshold: float = 0.0,
+        timeout_s: float | None = None,
     ) -> ValidRequest:
         """Resolve ``model``, check the options, tokenize (live work first; all but the
         shortest queries on the tokenizer threads): the request ready to submit. ``lane``
         None: chosen by size. ``prompt_name``: one of the model's sentence-transformers
         prompts, put before every text (None: the model's default prompt, if it has one).
         ``kind="sparse"`` for a sparse model's weights, ``top_k`` and ``threshold`` bounding
-        them (``request.output_options``)."""
+        them (``request.output_options``). ``timeout_s``: the one it will be submitted with
+        (None: the client's default), against which the early 429 measures the backlog."""
         texts = list(texts)
         if not texts:
             raise InvalidInput("no input given", param="input")
@@ -209,7 +211,7 @@ class MeshClient:
         prompt = prompt_text(info, prompt_name)
         if prompt:
             texts = [prompt + t for t in texts]
-        self._check_backlog(info, *text_floor(texts, lane, info.max_input_tokens))
+        self._check_backlog(info, *text_floor(texts, lane, info.max_input_tokens), timeout_s)
         tok = await self.tokenizer(info)
         ids, lengths = await self.tokenizers.encode(tok, texts, truncate, guess_lane(texts, lane))
         if prompt and not info.include_prompt:
@@ -229,14 +231,15 @@ class MeshClient:
         truncate: bool = False,
         top_k: int | None = None,
         threshold: float = 0.0,
+        timeout_s: float | None = None,
     ) -> ValidRequest:
         """Resolve ``model`` and check the given ids (ids concatenated, offsets n+1) once
-        (``kind``, ``top_k``, ``threshold`` as in :meth:`prepare_texts`)."""
+        (``kind``, ``top_k``, ``threshold``, ``timeout_s`` as in :meth:`prepare_texts`)."""
         info = self.resolve(model)
         check_task(info, "sparse" if kind == "sparse" else "embed")
         output = output_options(info, dims, normalize, kind, top_k, threshold)
         valid = valid_tokens(info, token_ids, offsets, output, lane, truncate)
-        self._check_backlog(info, valid.lane, valid.tokens)
+        self._check_backlog(info, valid.lane, valid.tokens, timeout_s)
         return valid
 
     async def prepare_scores(
@@ -247,6 +250,7 @@ class MeshClient:
         lane: int | None = None,
         truncate: bool = False,
         left: bool = False,
+        timeout_s: float | None = None,
     ) -> ValidRequest:
         """Resolve a cross-encoder and tokenize what it scores once: single texts and
         (query, passage) pairs, as its tokenizer pairs them (``mesh.client.pairs``), cut at
@@ -260,7 +264,7 @@ class MeshClient:
         check_task(info, "score")
         # Sizes only, never the pairs joined: /rerank repeats one query for every text, and
         # joining a 1 MB query to 2048 texts took 5 s of the loop and 2 GB.
-        self._check_backlog(info, *text_floor(inputs, lane, info.max_input_tokens))
+        self._check_backlog(info, *text_floor(inputs, lane, info.max_input_tokens), timeout_s)
         tok = await self.tokenizer(info)
         chars = sum(min(_chars(x), 2 * tok.cut_chars) for x in inputs)
         priority = lane_for(chars // CHARS_PER_TOKEN_GUESS, lane)
@@ -341,7 +345,7 @@ class MeshClient:
         ``prompt_name``: as in :meth:`prepare_texts`."""
         request = await self.prepare_texts(
             texts, model, dims=dims, normalize=normalize, kind=kind, lane=lane, truncate=truncate,
-            prompt_name=prompt_name,
+            prompt_name=prompt_name, timeout_s=timeout_s,
         )  # fmt: skip
         return await self.submit(request, timeout_s)
 
@@ -361,7 +365,7 @@ class MeshClient:
         """Embed already tokenized sequences (ids concatenated, offsets n+1)."""
         request = self.prepare_tokens(
             token_ids, offsets, model, dims=dims, normalize=normalize, kind=kind, lane=lane,
-            truncate=truncate,
+            truncate=truncate, timeout_s=timeout_s,
         )  # fmt: skip
         return await self.submit(request, timeout_s)
 
@@ -377,15 +381,20 @@ class MeshClient:
     ) -> np.ndarray:
         """Score texts and (query, passage) pairs with a cross-encoder: ``float32 [n, labels]``
         in input order, through the model's activation (``raw``: the logits)."""
-        request = await self.prepare_scores(inputs, model, lane=lane, truncate=truncate)
+        request = await self.prepare_scores(
+            inputs, model, lane=lane, truncate=truncate, timeout_s=timeout_s
+        )
         logits = (await self.submit(request, timeout_s)).embeddings
         return logits if raw else activate(logits, request.model.activation)
 
-    def _check_backlog(self, model: ModelInfo, lane: Lane, tokens: int) -> None:
-        """429 before any work when at every broker the request would end after the default
-        timeout (see :mod:`mesh.client.admission`)."""
+    def _check_backlog(
+        self, model: ModelInfo, lane: Lane, tokens: int, timeout_s: float | None = None
+    ) -> None:
+        """429 before any work when at every broker the request would end after its timeout
+        (None: the client's default; see :mod:`mesh.client.admission`)."""
         serving = [b.stats for b in self.brokers if b.alive and _find(b.models, model.name)]
-        check_backlog(serving, model.name, lane, tokens, self.default_timeout_s)
+        timeout = self.default_timeout_s if timeout_s is None else timeout_s
+        check_backlog(serving, model.name, lane, tokens, timeout)
 
     def _pick(self, model: str) -> BrokerConnection:
         live = [b for b in self.brokers if b.alive and _find(b.models, model)]

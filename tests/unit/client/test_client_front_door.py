@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mesh.client import MeshClient
-from mesh.errors import InvalidInput, ModelNotFound, Unavailable
-from proto_msgs import Lane, ModelInfo
+from mesh.errors import InvalidInput, ModelNotFound, Overloaded, Unavailable
+from proto_msgs import BrokerStats, Lane, ModelInfo
 
 MODEL = ModelInfo(
     name="tiny", aliases=["org/tiny"], dims=8, max_input_tokens=4, vocab_size=100,
@@ -84,3 +84,18 @@ def test_an_unknown_lane_is_invalid_input_naming_the_lanes(client: MeshClient) -
     with pytest.raises(InvalidInput, match="lane must be one of 0 .interactive., 1 .batch.") as e:
         client.prepare_tokens(np.array([1, 2]), np.array([0, 2]), "tiny", lane=7)
     assert e.value.param == "lane"
+
+
+def test_the_early_429_measures_the_backlog_against_the_calls_own_timeout(
+    client: MeshClient,
+) -> None:
+    # 10 s of interactive work queued ahead, 100 tokens/s: a 2-token request ends at ~10 s.
+    client.brokers[0].stats = BrokerStats(
+        backlog_s={"tiny": [10.0, 0.0]}, drain_rate={"tiny": 100.0}
+    )
+    ids, offsets = np.array([1, 2]), np.array([0, 2])
+    assert client.default_timeout_s > 11  # with the default timeout it still fits
+    client.prepare_tokens(ids, offsets, "tiny")
+    with pytest.raises(Overloaded, match="after its 5s timeout"):
+        client.prepare_tokens(ids, offsets, "tiny", timeout_s=5.0)
+    client.prepare_tokens(ids, offsets, "tiny", timeout_s=60.0)
