@@ -7,7 +7,8 @@ plus an extension, ``encoding_format``: ``"float"`` (default, TEI's answer: per 
 per-token float lists) or ``"base64"`` (per input a list of per-token strings, each the float32
 vector little-endian, base64: about a third of the bytes). Every token is returned, special
 tokens included, as TEI does; the vectors are raw (full hidden width, not normalized, before
-pooling and any Dense layer). One request's answer holds at most
+pooling and any Dense layer), so a body setting ``dimensions`` or ``normalize`` is refused
+(422) on both routes here. One request's answer holds at most
 ``mesh.client.spans.MAX_TOKEN_VECTOR_VALUES`` numbers (tokens x width); ``GET /info`` states it
 as ``max_embed_all_values``, and a request beyond is 413 (TEI's ``Validation``). On the mesh it
 is a span request with one span per token (``proto_msgs.messages``), so it is batched,
@@ -70,6 +71,20 @@ def _encoding_format(body: bytes) -> str:
     return value
 
 
+def _refuse_pooled_options(body: bytes, route: str) -> None:
+    """``dimensions`` and ``normalize`` shape a pooled embedding; these routes return token
+    vectors as they are (raw states, or the head's normalized vectors at its own width), so
+    a body that sets either is refused rather than answered as if it had been honoured."""
+    doc = orjson.loads(body)  # an object: parsed before
+    for name in ("dimensions", "normalize"):
+        if name in doc:
+            raise ApiError.invalid(
+                f"'{name}' does not apply to {route}, whose vectors are returned as they are "
+                f"(see GET /info); leave it out",
+                name,
+            )
+
+
 def _input_type(body: bytes) -> str:
     value = orjson.loads(body).get("input_type", "document")  # an object: parsed before
     if value not in INPUT_TYPES:
@@ -116,6 +131,7 @@ async def _token_vectors(
     body = await read_body(request, cfg.max_body_bytes)
     req = parse_embed_request(body, cfg.max_inputs)
     encoding_format = _encoding_format(body)
+    _refuse_pooled_options(body, request.path)
     input_type = _input_type(body) if roles else "document"
     lane = header_lane(request.headers.get(PRIORITY_HEADER))
     info = tei.model_for(state, request)

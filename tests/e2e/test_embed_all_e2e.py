@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 
 import numpy as np
+import pytest
 import torch
 
 from mesh.client.spans import MAX_TOKEN_VECTOR_VALUES
@@ -52,3 +53,12 @@ def test_the_cap_is_in_info_and_a_request_over_it_is_413(ingress: Ingress) -> No
     assert doc["error_type"] == "Validation" and "over the limit" in doc["error"]
     status, _, doc = call(ingress, "/embed_all", {"inputs": "x", "encoding_format": "int8"}, AUTH)
     assert status == 422 and "encoding_format" in doc["error"]
+
+
+@pytest.mark.parametrize("option", [{"normalize": False}, {"dimensions": 8}])
+def test_pooled_options_are_refused_not_ignored(ingress: Ingress, option: dict) -> None:
+    # These shape a pooled embedding; /embed_all's token states are raw, so a body asking
+    # for them gets told, instead of an answer that silently did something else.
+    status, _, doc = call(ingress, "/embed_all", {"inputs": "x", **option}, AUTH)
+    name = next(iter(option))
+    assert status == 422 and f"'{name}' does not apply to /embed_all" in doc["error"], doc

@@ -256,9 +256,9 @@ PARSERS: dict[str, Callable[[bytes], object]] = {
 
 # Read but not described, with why.
 UNDESCRIBED = {
-    # /embed_all parses /embed's body, then answers raw token states whatever these say.
+    # /embed_all and /embed_multivector parse /embed's body, and refuse a body that sets
+    # these (raw token states; the head's vectors normalized at its own width).
     "TeiEmbedAllRequest": {"normalize", "dimensions"},
-    # /embed_multivector: per-token vectors are always normalized, at the head's full width.
     "TeiEmbedMultivectorRequest": {"normalize", "dimensions"},
 }
 
