@@ -54,7 +54,17 @@ def kept_keys(
     kv_cu = np.zeros(len(keys) + 1, dtype=np.int32)
     np.cumsum(keys, out=kv_cu[1:])
     rows = np.repeat(starts - kv_cu[:-1], keys) + np.arange(int(kv_cu[-1]))
-    return torch.from_numpy(kv_cu), torch.from_numpy(rows).to(device, non_blocking=False)
+    return torch.from_numpy(kv_cu), to_device(torch.from_numpy(rows), device)
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` on ``device`` without stalling the stream: on CUDA through pinned memory
+    (torch's caching host allocator, which keeps the block until the copy ran), because a
+    copy from pageable memory first waits for everything queued on the stream, the batch
+    before this one included, and so breaks the worker's two-deep pipeline."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 class FlashInferRagged:
@@ -212,7 +222,7 @@ class TorchVarlen:
             if self.capacity is not None:
                 raise ValueError("keys= is for the eager backend (a graph's keys are its rows)")
             kv_cu, self._key_rows = kept_keys(cu, keys, self.device)
-            self._cu_k = kv_cu.to(self.device)
+            self._cu_k = to_device(kv_cu, self.device)
             self._max_k = int(np.max(keys)) if n else 1
         if self.capacity is not None:
             sequences, rows = self.capacity
