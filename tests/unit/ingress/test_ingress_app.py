@@ -65,9 +65,12 @@ class FakeClient:
     resolve = MeshClient.resolve
     prepare_tokens = MeshClient.prepare_tokens
 
-    def _check_backlog(self, model: ModelInfo, lane: int, tokens: int) -> None:
+    def _check_backlog(
+        self, model: ModelInfo, lane: int, tokens: int, timeout_s: float | None = None
+    ) -> None:
         # The real admission rule over the fake brokers' stats (no backlog: never refuses).
-        check_backlog([b.stats for b in self.brokers], model.name, lane, tokens, 120.0)
+        timeout = 120.0 if timeout_s is None else timeout_s
+        check_backlog([b.stats for b in self.brokers], model.name, lane, tokens, timeout)
 
     async def prepare_texts(self, texts, model, *, dims=None, normalize=True, kind="float32",
                             lane=None, truncate=False, prompt_name=None) -> ValidRequest:  # fmt: skip
