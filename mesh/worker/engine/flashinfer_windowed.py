@@ -5,8 +5,10 @@ A planned batch holds two FlashInfer plans: a plain one (:class:`FlashInferRagge
 global layers, and one with the band of the model's window as a custom mask for the local
 layers; ``run(q, k, v, window=w)`` picks by whether ``w`` is None. Grouped SDPA ran these
 batches (nearly every 16k-token batch of corpus texts holds one sequence past the window),
-so ModernBERT-base and EmbeddingGemma-300m ran 0.08 and 0.03 M tok/s on the H200, below
-sentence-transformers (0.12 / 0.105), while BERT-base on FlashInfer ran 2.4 M.
+so ModernBERT-base and EmbeddingGemma-300m ran 0.08 and 0.03-0.056 M tok/s on the H200,
+below sentence-transformers (0.12 / 0.10), while BERT-base on FlashInfer ran 2.4 M. Here
+they ran 0.69 and 0.38 M tok/s (2026-12-03, docs/gpu.md; its GPU tests passed there, at
+head_dim 64, 128 and 256).
 
 Why a custom mask rather than FlashInfer's ``window_left``: that bounds keys on the left
 only, and the bidirectional windows bound both sides; one mask serves both kinds (causal
@@ -15,7 +17,7 @@ sequence of ``l`` tokens, ``l x l`` booleans row-major (query rows, key columns)
 concatenated in batch order (:func:`band_mask`), as FlashInfer's ragged ``custom_mask`` wants.
 
 Why the boolean ``custom_mask`` and device offsets (read in FlashInfer's source, main of
-2026-08; not checked on 0.7.2 itself): FlashInfer packs that mask into bits per sequence
+2026-08; what 0.7.2 does with them was then checked by the GPU tests): FlashInfer packs that mask into bits per sequence
 (``segment_packbits``, each sequence from a byte boundary), whereas its ragged ``plan``
 given a ``packed_custom_mask`` offsets the sequences by their element counts; and
 ``segment_packbits`` wants the offsets on the mask's device (older releases do not move
@@ -24,8 +26,10 @@ for the batch before): this backend runs eagerly, never in a graph.
 
 Costs: the kernel still computes every ``l x l`` tile of a sequence (a custom mask skips
 none), fine at corpus lengths (a few hundred tokens, windows of 64-256 either side); the
-mask takes ``sum(l * l)`` bytes and its build a few int64 temporaries of that length (for
-two 8k-token sequences in one batch, ~3 GB for a moment). The first plan on a machine
+mask takes ``sum(l * l)`` bytes and its build two int32 temporaries of that length at most
+(for two 8k-token sequences in one batch, ~1.1 GB for a moment). The host sync of each
+masked plan also costs the worker's two-deep pipeline on these batches: packing the mask
+here, with its sizes known on the host, would avoid it (not done). The first plan on a machine
 without FlashInfer's JIT cache also builds its quantization module (``segment_packbits``),
 as the first plain plan builds the prefill module.
 
@@ -74,8 +78,15 @@ def band_mask(
     pos = torch.arange(rows, device=device) - seq_start
     # Element e of row r is key j = e - first[r]; so i - j = (i + first[r]) - e.
     first = torch.cumsum(row_len, 0) - row_len
-    row_of = torch.repeat_interleave(torch.arange(rows, device=device), row_len, output_size=size)
-    diff = (pos + first)[row_of] - torch.arange(size, device=device)
+    # The [size] index tensors dominate the memory: int32 where the mask allows (a 16k-token
+    # batch's is at most 16384^2 < 2^31 elements), and at most two of them alive at once.
+    index = torch.int32 if size < 2**31 else torch.int64
+    row_of = torch.repeat_interleave(
+        torch.arange(rows, device=device, dtype=index), row_len, output_size=size
+    )
+    diff = (pos + first).to(index)[row_of]
+    del row_of
+    diff.sub_(torch.arange(size, device=device, dtype=index))
     return (diff <= window) & (diff >= (0 if causal else -window))
 
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from mesh.worker.engine import flashinfer_windowed
 from mesh.worker.engine.attention import sequence_mask
 from mesh.worker.engine.flashinfer_windowed import (
     WINDOW_MASK_ENV,
@@ -111,3 +112,20 @@ def test_an_unknown_window_mask_choice_is_refused(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv(WINDOW_MASK_ENV, "flash")
     with pytest.raises(ValueError, match=WINDOW_MASK_ENV):
         windowed_backend(_model([None, 64]), (8, 8, 64), torch.bfloat16, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_the_windowed_backend_is_built_for_one_window_at_a_served_head_dim(
+    head_dim: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # FlashInfer is not here: a stand-in records what would have been built.
+    built: list[tuple] = []
+    monkeypatch.setattr(
+        flashinfer_windowed,
+        "FlashInferWindowed",
+        lambda heads, dtype, device, window, workspace: built.append((heads, window)) or "built",
+    )
+    monkeypatch.delenv(WINDOW_MASK_ENV, raising=False)  # the default: flashinfer
+    heads = (8, 2, head_dim)
+    assert windowed_backend(_model([None, 64, 64]), heads, torch.bfloat16, torch.device("cpu"))
+    assert built == [(heads, 64)]
