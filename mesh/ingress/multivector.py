@@ -7,8 +7,8 @@ plus an extension, ``encoding_format``: ``"float"`` (default, TEI's answer: per 
 per-token float lists) or ``"base64"`` (per input a list of per-token strings, each the float32
 vector little-endian, base64: about a third of the bytes). Every token is returned, special
 tokens included, as TEI does; the vectors are raw (full hidden width, not normalized, before
-pooling and any Dense layer), so a body setting ``dimensions`` or ``normalize`` is refused
-(422) on both routes here. One request's answer holds at most
+pooling and any Dense layer), so a body asking for ``dimensions`` or for ``normalize`` true is
+refused (422; ``/embed_multivector`` likewise refuses ``normalize`` false). One request's answer holds at most
 ``mesh.client.spans.MAX_TOKEN_VECTOR_VALUES`` numbers (tokens x width); ``GET /info`` states it
 as ``max_embed_all_values``, and a request beyond is 413 (TEI's ``Validation``). On the mesh it
 is a span request with one span per token (``proto_msgs.messages``), so it is batched,
@@ -71,13 +71,18 @@ def _encoding_format(body: bytes) -> str:
     return value
 
 
-def _refuse_pooled_options(body: bytes, route: str) -> None:
+def _refuse_pooled_options(body: bytes, route: str, normalized: bool) -> None:
     """``dimensions`` and ``normalize`` shape a pooled embedding; these routes return token
-    vectors as they are (raw states, or the head's normalized vectors at its own width), so
-    a body that sets either is refused rather than answered as if it had been honoured."""
+    vectors as they are (raw states, or the head's vectors at its own width, ``normalized``),
+    so a body asking for something else is refused rather than answered as if it had been
+    honoured. A null ``dimensions`` counts as absent, as the shared parser reads it, and so
+    does a ``normalize`` that says what the route does anyway."""
     doc = orjson.loads(body)  # an object: parsed before
-    for name in ("dimensions", "normalize"):
-        if name in doc:
+    asked = {name: doc.get(name) for name in ("dimensions", "normalize")}
+    if asked["normalize"] == normalized:
+        asked["normalize"] = None
+    for name, value in asked.items():
+        if value is not None:
             raise ApiError.invalid(
                 f"'{name}' does not apply to {route}, whose vectors are returned as they are "
                 f"(see GET /info); leave it out",
@@ -95,11 +100,11 @@ def _input_type(body: bytes) -> str:
 
 
 async def _embed_all(request: web.Request) -> web.Response:
-    return await _token_vectors(request, per_token)
+    return await _token_vectors(request, per_token, normalized=False)
 
 
 async def _embed_multivector(request: web.Request) -> web.Response:
-    return await _token_vectors(request, multi_vector, roles=True)
+    return await _token_vectors(request, multi_vector, roles=True, normalized=True)
 
 
 async def _late_interaction(
@@ -121,17 +126,21 @@ async def _late_interaction(
 
 
 async def _token_vectors(
-    request: web.Request, rows: Callable[[ValidRequest], ValidRequest], roles: bool = False
+    request: web.Request,
+    rows: Callable[[ValidRequest], ValidRequest],
+    roles: bool = False,
+    normalized: bool = False,
 ) -> web.Response:
     """Per input, a vector per token: ``rows`` turns the tokenized request into its spans;
-    ``roles``: the body may say ``input_type`` (a ColBERT model's queries and documents)."""
+    ``roles``: the body may say ``input_type`` (a ColBERT model's queries and documents);
+    ``normalized``: whether the route's vectors are unit length."""
     state = request.app[STATE]
     cfg = state.cfg
     start = time.perf_counter()
     body = await read_body(request, cfg.max_body_bytes)
     req = parse_embed_request(body, cfg.max_inputs)
     encoding_format = _encoding_format(body)
-    _refuse_pooled_options(body, request.path)
+    _refuse_pooled_options(body, request.path, normalized)
     input_type = _input_type(body) if roles else "document"
     lane = header_lane(request.headers.get(PRIORITY_HEADER))
     info = tei.model_for(state, request)

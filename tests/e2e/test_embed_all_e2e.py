@@ -55,10 +55,17 @@ def test_the_cap_is_in_info_and_a_request_over_it_is_413(ingress: Ingress) -> No
     assert status == 422 and "encoding_format" in doc["error"]
 
 
-@pytest.mark.parametrize("option", [{"normalize": False}, {"dimensions": 8}])
+@pytest.mark.parametrize("option", [{"normalize": True}, {"dimensions": 8}])
 def test_pooled_options_are_refused_not_ignored(ingress: Ingress, option: dict) -> None:
     # These shape a pooled embedding; /embed_all's token states are raw, so a body asking
     # for them gets told, instead of an answer that silently did something else.
     status, _, doc = call(ingress, "/embed_all", {"inputs": "x", **option}, AUTH)
     name = next(iter(option))
     assert status == 422 and f"'{name}' does not apply to /embed_all" in doc["error"], doc
+
+
+@pytest.mark.parametrize("option", [{"normalize": False}, {"dimensions": None}])
+def test_options_that_ask_nothing_else_are_accepted(ingress: Ingress, option: dict) -> None:
+    # normalize false is what /embed_all does anyway; null is absent, as /embed reads it.
+    status, _, doc = call(ingress, "/embed_all", {"inputs": "x", **option}, AUTH)
+    assert status == 200 and len(doc) == 1, doc

@@ -105,3 +105,18 @@ async def test_info_states_the_width_and_a_model_without_the_head_is_refused(url
     assert status == 200 and info["multivector_dims"] == 0
     status, doc = await _call(url, "POST", "/embed_multivector", {"inputs": "x"}, PLAIN)
     assert status == 422 and "no multi-vector head" in doc["error"], doc
+
+
+async def test_the_head_vectors_take_normalize_true_and_refuse_what_they_cannot_do(
+    url: str,
+) -> None:
+    # Its vectors are unit length: normalize true asks nothing else; false and a Matryoshka
+    # width would, and are refused rather than ignored.
+    status, doc = await _call(
+        url, "POST", "/embed_multivector", {"inputs": "x", "normalize": True}, M3
+    )
+    assert status == 200, doc
+    for name, value in (("normalize", False), ("dimensions", 8)):
+        body = {"inputs": "x", name: value}
+        status, doc = await _call(url, "POST", "/embed_multivector", body, M3)
+        assert status == 422 and f"'{name}' does not apply to /embed_multivector" in doc["error"]
