@@ -45,7 +45,8 @@ def cuda_backend(
 def kept_keys(
     cu: torch.Tensor, keys: np.ndarray, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """For ``plan(..., keys=)`` (eager only): the keys' own ``cu_seqlens`` (int32, host) and
+    """For ``plan(..., keys=)`` (eager only): the keys' own ``cu_seqlens`` (int32, host;
+    pinned for CUDA, as ``plan`` copies it to the device) and
     the packed rows they are (int64, on ``device``), gathered from k and v in each layer:
     both kernels read a sequence's keys as one contiguous range, so the left-out trailing
     tokens are dropped from the key rows rather than skipped in place."""
@@ -54,7 +55,10 @@ def kept_keys(
     kv_cu = np.zeros(len(keys) + 1, dtype=np.int32)
     np.cumsum(keys, out=kv_cu[1:])
     rows = np.repeat(starts - kv_cu[:-1], keys) + np.arange(int(kv_cu[-1]))
-    return torch.from_numpy(kv_cu), to_device(torch.from_numpy(rows), device)
+    offsets = torch.from_numpy(kv_cu)
+    if device.type == "cuda":
+        offsets = offsets.pin_memory()
+    return offsets, to_device(torch.from_numpy(rows), device)
 
 
 def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
