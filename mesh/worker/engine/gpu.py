@@ -27,7 +27,7 @@ model that is only a batch holding a sequence longer than ``mask_free_length``
 (:func:`.attention.mask_free`), and every other batch takes the path above, window dropped.
 Such a batch runs FlashInfer with the window as a mask
 (:class:`.flashinfer_windowed.FlashInferWindowed`) where that applies (one window size,
-head_dim 64 or 128, no ``keys``; ``EMBEDMESH_WINDOW_MASK=sdpa`` turns it off), else torch
+head_dim 64, 128 or 256, no ``keys``; ``EMBEDMESH_WINDOW_MASK=sdpa`` turns it off), else torch
 SDPA over length-sorted padded groups (:class:`.attention_grouped.SdpaGrouped`), as MPNet's.
 """
 

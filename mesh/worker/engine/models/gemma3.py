@@ -14,7 +14,8 @@ an exclusive bound); causal, the ``sliding_window`` most recent keys.
 
 On CUDA the window decides per batch (``mask_free_length``: the window plus one, 257 tokens
 for EmbeddingGemma's saved 512, bidirectional; ``sliding_window`` causal). A batch whose
-every sequence is that short (nearly every query and passage) takes the fast path,
+every sequence is that short (a batch of queries, say; a 16k-token batch of corpus passages
+nearly always holds a longer one) takes the fast path,
 FlashInfer (varlen for head_dim 256) attention and the CUDA graphs per token bucket, the
 window dropped; a batch holding a longer one runs eagerly with the window as a mask on
 FlashInfer (``flashinfer_windowed.py``, head_dim 256 included; ``gpu.GpuRunner``). Eager

@@ -12,7 +12,7 @@ RoPE theta (160k global, 10k local by default). Biases (``norm_bias``, ``attenti
 
 On CUDA the window decides per batch (``mask_free_length``, the window plus one: a token of
 a sequence that short sees every key anyway). A batch whose every sequence is that short
-(most queries, short passages) takes BERT's fast path, FlashInfer (or varlen) attention and
+(a batch of short queries, say; corpus passages are mostly longer) takes BERT's fast path, FlashInfer (or varlen) attention and
 the CUDA graphs per token bucket, the window dropped; a batch holding a longer one runs
 FlashInfer eagerly with the window as a custom mask for the local layers (two plans a batch,
 ``flashinfer_windowed.py``), or torch SDPA over length-sorted padded groups where that does
