@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import wire_samples
 
 from proto_msgs import (
     BatchAssign,
-    Lane,
     OutputOptions,
     ProtocolError,
     RequestResult,
@@ -28,24 +28,20 @@ from proto_msgs import (
 SIZES = [1, 2, messages._SMALL - 1, messages._SMALL, messages._SMALL + 1, 3 * messages._SMALL]
 
 
-def ragged(n: int) -> tuple[np.ndarray, np.ndarray]:
+def sequences(n: int) -> list[list[int]]:
+    """``n`` sequences of 1-3 tokens, the ids counting up across them."""
     lengths = [1 + i % 3 for i in range(n)]
-    offsets = np.array([0, *np.cumsum(lengths)], dtype=np.int32)
-    return np.arange(offsets[-1], dtype=np.int32), offsets
+    starts = np.cumsum([0, *lengths])
+    return [list(range(a, a + length)) for a, length in zip(starts, lengths, strict=False)]
+
+
+def ragged(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return wire_samples.ragged(sequences(n))
 
 
 def submit(n: int, **changes) -> SubmitRequest:
-    ids, offsets = ragged(n)
-    fields = dict(
-        cid=5,
-        model="m",
-        lane=Lane.INTERACTIVE,
-        timeout_ms=1000,
-        output=OutputOptions(),
-        token_ids=ids,
-        offsets=offsets,
-    )
-    return SubmitRequest(**{**fields, **changes})
+    # A one-letter model name: the string-limit cases lower the limit under the default's.
+    return wire_samples.submit(sequences(n), **{"model": "m", **changes})
 
 
 def assign(n: int, **changes) -> BatchAssign:

@@ -8,7 +8,7 @@ import warnings
 import msgpack
 import numpy as np
 import pytest
-from wire_samples import SENTENCES, embeddings, ragged, sample_messages
+from wire_samples import SENTENCES, embeddings, ragged, sample_messages, submit
 
 from proto_msgs import (
     MAGIC,
@@ -16,7 +16,6 @@ from proto_msgs import (
     VERSION,
     BatchAssign,
     ErrorCode,
-    Lane,
     OutputOptions,
     ProtocolError,
     RequestError,
@@ -31,20 +30,6 @@ from proto_msgs import (
 
 HEADER = struct.Struct("<2sBB")
 CID = 77
-
-
-def submit(**changes) -> SubmitRequest:
-    token_ids, offsets = ragged(SENTENCES)
-    fields = dict(
-        cid=CID,
-        model="all-MiniLM-L6-v2",
-        lane=Lane.INTERACTIVE,
-        timeout_ms=1000,
-        output=OutputOptions(),
-        token_ids=token_ids,
-        offsets=offsets,
-    )
-    return SubmitRequest(**{**fields, **changes})
 
 
 def frames_of(msg) -> list[bytes]:

@@ -46,6 +46,21 @@ def ragged(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return token_ids, offsets
 
 
+def submit(seqs: list[list[int]] = SENTENCES, **changes: Any) -> SubmitRequest:
+    """A valid SubmitRequest of ``seqs`` for the tests to spoil one field of."""
+    token_ids, offsets = ragged(seqs)
+    fields = dict(
+        cid=77,
+        model="all-MiniLM-L6-v2",
+        lane=Lane.INTERACTIVE,
+        timeout_ms=1000,
+        output=OutputOptions(),
+        token_ids=token_ids,
+        offsets=offsets,
+    )
+    return SubmitRequest(**{**fields, **changes})
+
+
 def minilm() -> ModelInfo:
     return ModelInfo(
         name="all-MiniLM-L6-v2",
