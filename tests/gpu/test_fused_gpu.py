@@ -135,6 +135,14 @@ def _eager_then_graph(engine: Engine, seqs: list[np.ndarray]) -> tuple[torch.Ten
     return eager, engine.embed(ids, offsets)
 
 
+def _check_eager_and_graph(engine: Engine, seqs: list, ref, label: str) -> None:  # noqa: ANN001
+    """The engine's eager run and its graph replay both within cos 0.999 of ``ref``."""
+    for name, ours in zip(("eager", "graph"), _eager_then_graph(engine, seqs), strict=True):
+        cos = cosines(ours, ref)
+        print(f"{label} {name}: min cosine {cos.min():.6f}")
+        assert cos.min() >= 0.999, cos
+
+
 @pytest.mark.parametrize("exact_gelu", [False, True])
 def test_bert_base_shape_fused_matches_transformers_eager_and_in_a_graph(
     bert_dir: Path, exact_gelu: bool
@@ -143,10 +151,7 @@ def test_bert_base_shape_fused_matches_transformers_eager_and_in_a_graph(
     assert engine.kernels == "fused" and engine.dtype == BF16
     seqs = random_seqs(LENGTHS, 1000, 30000, seed=1)
     ref = reference(bert_dir, seqs, "mean")
-    for name, ours in zip(("eager", "graph"), _eager_then_graph(engine, seqs), strict=True):
-        cos = cosines(ours, ref)
-        print(f"bert-base fused (exact_gelu={exact_gelu}) {name}: min cosine {cos.min():.6f}")
-        assert cos.min() >= 0.999, cos
+    _check_eager_and_graph(engine, seqs, ref, f"bert-base fused (exact_gelu={exact_gelu})")
 
 
 def test_qwen3_shape_fused_matches_transformers_eager_and_in_a_graph(qwen3_causal_dir) -> None:
@@ -154,10 +159,7 @@ def test_qwen3_shape_fused_matches_transformers_eager_and_in_a_graph(qwen3_causa
     assert engine.kernels == "fused"  # the default on CUDA with triton
     seqs = random_seqs(LENGTHS, 0, 32000, seed=2)
     ref = reference(qwen3_causal_dir, seqs, "last")
-    for name, ours in zip(("eager", "graph"), _eager_then_graph(engine, seqs), strict=True):
-        cos = cosines(ours, ref)
-        print(f"qwen3 fused {name}: min cosine {cos.min():.6f}")
-        assert cos.min() >= 0.999, cos
+    _check_eager_and_graph(engine, seqs, ref, "qwen3 fused")
 
 
 @pytest.mark.parametrize("kind", ["NomicBert", "Gte"])
@@ -173,7 +175,4 @@ def test_nomic_shape_fused_matches_transformers_eager_and_in_a_graph(
     assert engine.kernels == "fused" and engine.dtype == BF16  # the default on CUDA
     seqs = random_seqs(LENGTHS, 1000, 30000, seed=3)
     ref = reference(path, seqs, "mean")
-    for name, ours in zip(("eager", "graph"), _eager_then_graph(engine, seqs), strict=True):
-        cos = cosines(ours, ref)
-        print(f"{kind} fused {name}: min cosine {cos.min():.6f}")
-        assert cos.min() >= 0.999, cos
+    _check_eager_and_graph(engine, seqs, ref, f"{kind} fused")
