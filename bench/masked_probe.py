@@ -9,8 +9,10 @@ separates the suspects in one short device call:
 
 - ``repeat``: the same batches again and again (what the families bench measures);
 - ``fresh``: every batch once, each a new draw of corpus texts (what HTTP traffic is);
-- each under the SDPA backends torch may pick for a float mask (default choice, efficient,
-  cuDNN, math; one that refuses the inputs is recorded, not fatal);
+- each under the SDPA kernels grouped SDPA may be given (``SdpaGrouped.backends``): its
+  default, all but cuDNN (``attention_grouped.NO_CUDNN``); torch's own order, which on sm90
+  with a recent cuDNN puts cuDNN first; efficient, cuDNN or math alone (one that refuses the
+  inputs is recorded, not fatal);
 - per run: groups per batch, the caching allocator's device allocations (``num_device_alloc``:
   a cudaMalloc each) and the host time of ``plan``.
 
@@ -33,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.nn.attention import SDPBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -41,26 +44,30 @@ from bench.corpus import DEFAULT_CORPUS, load_texts  # noqa: E402
 from bench.families import BUDGET, tokenize  # noqa: E402
 from bench.family_models import FAMILIES, build  # noqa: E402
 from bench.gpu_engine import fcfs_batches  # noqa: E402
+from mesh.worker.engine.attention_grouped import NO_CUDNN  # noqa: E402
 from mesh.worker.engine.engine import Engine  # noqa: E402
 
-BACKENDS = ("default", "efficient", "cudnn", "math")
+BACKENDS: dict[str, tuple[SDPBackend, ...] | None] = {
+    "no-cudnn": NO_CUDNN,  # SdpaGrouped's default
+    "torch-order": None,
+    "efficient": (SDPBackend.EFFICIENT_ATTENTION,),
+    "cudnn": (SDPBackend.CUDNN_ATTENTION,),
+    "math": (SDPBackend.MATH,),
+}
 
 
 @contextlib.contextmanager
-def sdpa_backend(name: str) -> Iterator[None]:
-    """Only ``name``'s SDPA kernel allowed (``default``: torch's own choice)."""
-    if name == "default":
+def sdpa_backends(attn: object, backends: tuple[SDPBackend, ...] | None) -> Iterator[None]:
+    """``attn`` (the runner's SdpaGrouped; None on CPU) given ``backends`` for a while."""
+    if attn is None:
         yield
         return
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    kind = {
-        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-        "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "math": SDPBackend.MATH,
-    }[name]
-    with sdpa_kernel([kind]):
+    before = attn.backends
+    attn.backends = backends
+    try:
         yield
+    finally:
+        attn.backends = before
 
 
 def draws(ids: list[np.ndarray], count: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -135,9 +142,10 @@ def main(argv: list[str] | None = None) -> None:
     results: dict = {"family": args.family, "device": device, "torch": torch.__version__,
                      "masked_backend": engine_attn, "runs": {}}  # fmt: skip
     seed = 1
-    for backend in BACKENDS if device == "cuda" else ("default",):
+    masked = runner.masked_attn if runner is not None else None
+    for backend in BACKENDS if device == "cuda" else ("no-cudnn",):
         try:
-            with sdpa_backend(backend):
+            with sdpa_backends(masked, BACKENDS[backend]):
                 time_batches(engine, repeat, device)  # seen from here on
                 runs = {"repeat": time_batches(engine, repeat, device)}
                 runs["fresh"] = time_batches(engine, draws(ids, args.batches, seed), device)

@@ -19,11 +19,13 @@ ModernBERT and Gemma 3 only those holding a sequence longer than the local windo
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 @dataclass
@@ -49,11 +51,22 @@ class _Group:
         return _Group(index, valid.bool(), keys.bool(), dest, flat)
 
 
+# The SDPA kernels grouped SDPA lets torch choose among: all but cuDNN's. On sm90 with
+# cuDNN > 9.15, torch (2.11+, CUDA 13 builds) puts cuDNN first, and cuDNN builds and caches an
+# execution graph per input shape, a cost paid on the host. Grouped SDPA's shapes (group size x
+# width) are new in nearly every batch of real traffic: on the H200, MPNet ran 0.235 M tok/s
+# over the families bench's 20 repeated batches but 0.044 through HTTP, its worker busy on
+# 1.8 cores. The memory-efficient kernel takes the float mask with no per-shape plan. Not
+# measured yet with this choice: bench/masked_probe.py times each (None: torch's own order).
+NO_CUDNN = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
 class SdpaGrouped:
     """Length-sorted groups of padded sequences, one SDPA a group (see the module doc)."""
 
     takes_masks = True
     takes_keys = True
+    backends: tuple[SDPBackend, ...] | None = NO_CUDNN  # see NO_CUDNN
 
     def __init__(self, max_group_tokens: int = 8192, waste: float = 1.25) -> None:
         self._max_group_tokens = max_group_tokens
@@ -137,15 +150,16 @@ class SdpaGrouped:
         if self._groups and self._groups[0].index.device != q.device:
             # Planned from the host copy of cu_seqlens: moved once, at the first layer.
             self._groups = [g.to(q.device) for g in self._groups]
-        for g in self._groups:
-            o = F.scaled_dot_product_attention(
-                q[g.index].transpose(1, 2),
-                k[g.index].transpose(1, 2),
-                v[g.index].transpose(1, 2),
-                attn_mask=self._mask(g, window, bias),
-                scale=self._scale,
-                enable_gqa=gqa,
-            )
-            rows = o.transpose(1, 2).reshape(-1, o.shape[1], o.shape[3])  # [g * w, H, D]
-            out[g.dest] = rows[g.flat]
+        with sdpa_kernel(list(self.backends)) if self.backends else contextlib.nullcontext():
+            for g in self._groups:
+                o = F.scaled_dot_product_attention(
+                    q[g.index].transpose(1, 2),
+                    k[g.index].transpose(1, 2),
+                    v[g.index].transpose(1, 2),
+                    attn_mask=self._mask(g, window, bias),
+                    scale=self._scale,
+                    enable_gqa=gqa,
+                )
+                rows = o.transpose(1, 2).reshape(-1, o.shape[1], o.shape[3])  # [g * w, H, D]
+                out[g.dest] = rows[g.flat]
         return out

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mesh.worker.engine.attention import SdpaPerSequence
-from mesh.worker.engine.attention_grouped import SdpaGrouped
+from mesh.worker.engine.attention_grouped import NO_CUDNN, SdpaGrouped
 
 LENGTHS = [1, 3, 7, 8, 16, 17, 40, 41, 5, 64, 2, 33]
 
@@ -72,3 +72,27 @@ def test_a_group_moves_to_the_device_in_one_packed_copy_unchanged():
             assert got.dtype == want.dtype and torch.equal(got, want), name
         # The integer positions pick exactly the valid slots, in the same order.
         assert torch.equal(g.flat, torch.nonzero(g.valid.reshape(-1)).reshape(-1))
+
+
+@pytest.mark.parametrize("backends", [NO_CUDNN, None])
+def test_grouped_sdpa_leaves_cudnn_out_unless_told_otherwise(
+    backends: tuple | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cuDNN builds a graph per new shape, and grouped SDPA's shapes are new in nearly every
+    # batch (attention_grouped.NO_CUDNN): by default every group's SDPA runs without it.
+    seen: list[bool] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    q, k, v, cu = _batch(4, 4)
+    grouped = SdpaGrouped(max_group_tokens=96, waste=1.3)
+    grouped.backends = backends
+    grouped.plan(cu, False)
+    grouped.run(q, k, v)
+    assert len(seen) == len(grouped._groups) > 1
+    assert set(seen) == {backends is None}  # torch's own choice keeps cuDNN enabled
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # and the global switch is restored
