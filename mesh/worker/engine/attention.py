@@ -135,19 +135,31 @@ def sequence_mask(
     """SDPA's ``attn_mask`` for one sequence of ``n`` tokens: None when ``is_causal`` (or
     nothing) says it all, a boolean ``[1, 1, n, n]`` for a window, a float ``[1, H, n, n]``
     with a bias (the causal and window limits as -inf in it)."""
-    allowed = None
-    if window is not None and n - 1 > window:
-        i = torch.arange(n, device=device)
-        allowed = (i[:, None] - i[None, :]).abs() <= window
-    if causal and (allowed is not None or bias is not None):
-        tril = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        allowed = tril if allowed is None else allowed & tril
+    if bias is None and (window is None or n - 1 <= window):
+        return None  # no window cuts it: is_causal (or nothing) says it all
+    allowed = position_limits(n, causal, window, device)
     if bias is None:
-        return None if allowed is None else allowed[None, None]
+        return allowed[None, None]  # type: ignore[index]
     scores = bias[:, :n, :n]
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     return scores[None]
+
+
+def position_limits(
+    n: int, causal: bool, window: int | None, device: torch.device
+) -> torch.Tensor | None:
+    """bool ``[n, n]``: which keys (columns) each query (row) of an ``n``-token sequence may
+    see under a ``window`` (``|i - j| <= window``, only where the sequence is longer than
+    ``window + 1``) and causality (``j <= i``); None where neither limits anything."""
+    allowed = None
+    if window is not None and n - 1 > window:
+        i = torch.arange(n, device=device)
+        allowed = (i[:, None] - i[None, :]).abs() <= window
+    if causal:
+        tril = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        allowed = tril if allowed is None else allowed & tril
+    return allowed
 
 
 def mask_free_length(windows: Iterable[int | None]) -> int | None:

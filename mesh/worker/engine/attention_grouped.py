@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from mesh.worker.engine.attention import position_limits
+
 
 @dataclass
 class _Group:
@@ -123,11 +125,9 @@ class SdpaGrouped:
             return mask
         width = g.index.shape[1]
         allowed = g.keys[:, None, None, :]  # [g, 1, 1, w]
-        i = torch.arange(width, device=g.index.device)
-        if self._causal:
-            allowed = allowed & (i[:, None] >= i[None, :])
-        if window is not None and width - 1 > window:
-            allowed = allowed & ((i[:, None] - i[None, :]).abs() <= window)
+        limits = position_limits(width, self._causal, window, g.index.device)
+        if limits is not None:
+            allowed = allowed & limits
         padding_rows = ~g.valid[:, None, :, None] & g.keys[:, None, None, :]
         allowed = allowed | padding_rows  # [g, 1, w, w]
         if bias is None:
