@@ -140,13 +140,11 @@ class RotaryPostLnLayer(nn.Module):
         a = attn.run(q, k, v).reshape(x.shape)
         o = F.linear(a, self.o_w, self.o_b)
         x = fused.add_layer_norm(x, o, self.ln1_w, self.ln1_b, self.eps)
-        gate_up = F.linear(x, self.gate_up_w, self.gate_up_b)
-        if self.glu is not None:
-            h = fused.glu(gate_up, self.glu)
+        if self.glu is None:  # an activation without a kernel: the eager GLU
+            h = gated_mlp(x, self.gate_up_w, self.down_w, self.act, self.gate_up_b, self.down_b)
         else:
-            gate, up = gate_up.chunk(2, dim=-1)
-            h = self.act(gate) * up
-        h = F.linear(h, self.down_w, self.down_b)
+            gate_up = F.linear(x, self.gate_up_w, self.gate_up_b)
+            h = F.linear(fused.glu(gate_up, self.glu), self.down_w, self.down_b)
         return fused.add_layer_norm(x, h, self.ln2_w, self.ln2_b, self.eps)
 
 
