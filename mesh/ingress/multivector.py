@@ -50,7 +50,7 @@ from mesh.ingress.encodings import render_rows
 from mesh.ingress.http_errors import TEI, ApiError
 from mesh.ingress.schema import PRIORITY_HEADER, header_lane
 from mesh.ingress.state import STATE, IngressState, account, read_body
-from mesh.ingress.tei_schema import EmbedRequest, parse_embed_request
+from mesh.ingress.tei_schema import EmbedRequest, embed_request, json_object
 from proto_msgs import Lane, ModelInfo
 
 FORMATS = ("float", "base64")
@@ -61,8 +61,20 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/embed_multivector", _embed_multivector, name=f"{TEI}.embed_multivector")
 
 
-def _encoding_format(body: bytes) -> str:
-    value = orjson.loads(body).get("encoding_format", "float")  # an object: parsed before
+def parse_request(
+    body: bytes, max_inputs: int, route: str, normalized: bool, roles: bool
+) -> tuple[EmbedRequest, str, str]:
+    """The body, parsed once: /embed's fields, ``encoding_format``, and ``input_type``
+    (``roles``: only a route with query and document layouts reads it; else "document")."""
+    doc = json_object(body)
+    req = embed_request(doc, max_inputs)
+    encoding_format = _encoding_format(doc)
+    _refuse_pooled_options(doc, route, normalized)
+    return req, encoding_format, _input_type(doc) if roles else "document"
+
+
+def _encoding_format(doc: dict[str, object]) -> str:
+    value = doc.get("encoding_format", "float")
     if value not in FORMATS:
         raise ApiError.invalid(
             f"'encoding_format' must be one of {', '.join(FORMATS)}; got {value!r}",
@@ -71,13 +83,12 @@ def _encoding_format(body: bytes) -> str:
     return value
 
 
-def _refuse_pooled_options(body: bytes, route: str, normalized: bool) -> None:
+def _refuse_pooled_options(doc: dict[str, object], route: str, normalized: bool) -> None:
     """``dimensions`` and ``normalize`` shape a pooled embedding; these routes return token
     vectors as they are (raw states, or the head's vectors at its own width, ``normalized``),
     so a body asking for something else is refused rather than answered as if it had been
     honoured. A null ``dimensions`` counts as absent, as the shared parser reads it, and so
     does a ``normalize`` that says what the route does anyway."""
-    doc = orjson.loads(body)  # an object: parsed before
     asked = {name: doc.get(name) for name in ("dimensions", "normalize")}
     if asked["normalize"] == normalized:
         asked["normalize"] = None
@@ -90,8 +101,8 @@ def _refuse_pooled_options(body: bytes, route: str, normalized: bool) -> None:
             )
 
 
-def _input_type(body: bytes) -> str:
-    value = orjson.loads(body).get("input_type", "document")  # an object: parsed before
+def _input_type(doc: dict[str, object]) -> str:
+    value = doc.get("input_type", "document")
     if value not in INPUT_TYPES:
         raise ApiError.invalid(
             f"'input_type' must be one of {', '.join(INPUT_TYPES)}; got {value!r}", "input_type"
@@ -138,10 +149,9 @@ async def _token_vectors(
     cfg = state.cfg
     start = time.perf_counter()
     body = await read_body(request, cfg.max_body_bytes)
-    req = parse_embed_request(body, cfg.max_inputs)
-    encoding_format = _encoding_format(body)
-    _refuse_pooled_options(body, request.path, normalized)
-    input_type = _input_type(body) if roles else "document"
+    req, encoding_format, input_type = parse_request(
+        body, cfg.max_inputs, request.path, normalized, roles
+    )
     lane = header_lane(request.headers.get(PRIORITY_HEADER))
     info = tei.model_for(state, request)
     parsed = time.perf_counter()

@@ -75,7 +75,11 @@ class DecodeRequest:
 
 
 def parse_embed_request(body: bytes, max_inputs: int) -> EmbedRequest:
-    doc = _object(body)
+    return embed_request(json_object(body), max_inputs)
+
+
+def embed_request(doc: dict[str, object], max_inputs: int) -> EmbedRequest:
+    """:func:`parse_embed_request` of a body already parsed (routes that read more of it)."""
     dimensions = doc.get("dimensions")
     if dimensions is not None and (type(dimensions) is not int or dimensions < 1):
         raise ApiError.invalid("'dimensions' must be a positive integer", "dimensions")
@@ -96,7 +100,7 @@ def parse_embed_request(body: bytes, max_inputs: int) -> EmbedRequest:
 
 
 def parse_tokenize_request(body: bytes, max_inputs: int) -> TokenizeRequest:
-    doc = _object(body)
+    doc = json_object(body)
     value = _required(doc, "inputs")
     if isinstance(value, str):
         texts = [value]
@@ -109,7 +113,7 @@ def parse_tokenize_request(body: bytes, max_inputs: int) -> TokenizeRequest:
 
 
 def parse_decode_request(body: bytes, max_inputs: int) -> DecodeRequest:
-    doc = _object(body)
+    doc = json_object(body)
     value = _required(doc, "ids")
     if not isinstance(value, list):
         raise ApiError.invalid("'ids' must be a list of token ids or a list of such lists", "ids")
@@ -127,7 +131,8 @@ def parse_decode_request(body: bytes, max_inputs: int) -> DecodeRequest:
     return DecodeRequest(seqs, _flag(doc, "skip_special_tokens", True))
 
 
-def _object(body: bytes) -> dict[str, object]:
+def json_object(body: bytes) -> dict[str, object]:
+    """The body as a JSON object, or ApiError (malformed)."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -257,7 +262,7 @@ class PredictRequest:
 
 
 def parse_rerank_request(body: bytes, max_inputs: int) -> RerankRequest:
-    doc = _object(body)
+    doc = json_object(body)
     query = _required(doc, "query")
     if not isinstance(query, str):
         raise ApiError.invalid("'query' must be a string", "query")
@@ -280,7 +285,7 @@ def parse_rerank_request(body: bytes, max_inputs: int) -> RerankRequest:
 def parse_predict_request(body: bytes, max_inputs: int) -> PredictRequest:
     """TEI's untagged ``PredictInput``: one text, one pair ``[a, b]`` (a list of exactly two
     strings is a pair, as serde tries that first), or a list of texts and pairs."""
-    doc = _object(body)
+    doc = json_object(body)
     value = _required(doc, "inputs")
     shape = "'inputs' must be a string, a pair [text, text] or a list of strings and pairs"
     batched = True
@@ -327,7 +332,7 @@ class SparseRequest(EmbedRequest):
 def parse_sparse_request(body: bytes, max_inputs: int) -> SparseRequest:
     """``top_k`` a positive integer, ``threshold`` a number >= 0 (the front door checks the
     bound of ``top_k``); TEI's ``/embed_sparse`` fields as in :func:`parse_embed_request`."""
-    doc = _object(body)
+    doc = json_object(body)
     top_k = doc.get("top_k")
     if top_k is not None and (type(top_k) is not int or top_k < 1):
         raise ApiError.invalid("'top_k' must be a positive integer", "top_k")

@@ -240,11 +240,9 @@ PARSERS: dict[str, Callable[[bytes], object]] = {
     ),
     "RerankRequest": lambda b: parse_v1_rerank_request(b, 8),
     "TeiEmbedRequest": lambda b: parse_embed_request(b, 8),
-    "TeiEmbedAllRequest": lambda b: (parse_embed_request(b, 8), multivector._encoding_format(b)),
-    "TeiEmbedMultivectorRequest": lambda b: (
-        parse_embed_request(b, 8),
-        multivector._encoding_format(b),
-        multivector._input_type(b),
+    "TeiEmbedAllRequest": lambda b: multivector.parse_request(b, 8, "/embed_all", False, False),
+    "TeiEmbedMultivectorRequest": lambda b: multivector.parse_request(
+        b, 8, "/embed_multivector", True, True
     ),
     "TeiSparseRequest": lambda b: parse_sparse_request(b, 8),
     "TeiTokenizeRequest": lambda b: parse_tokenize_request(b, 8),
