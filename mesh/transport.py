@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -109,6 +109,21 @@ def _is_ipv6(endpoint: str) -> bool:
 
 
 # ---- socket options ----------------------------------------------------------------------------
+
+
+def waiting(sock: zmq.Socket, limit: int | None = None) -> Iterator[list[zmq.Frame]]:
+    """The messages ``sock`` holds now (at most ``limit``), read without blocking, as
+    zero-copy frames. ``zmq.EVENTS`` is asked before each read: ending on a raised
+    ``zmq.Again`` cost ~15 µs a wake-up (its ``__init__`` imports and formats), which the
+    broker and the worker link each paid twice per idle query."""
+    count = 0
+    while (limit is None or count < limit) and sock.get(zmq.EVENTS) & zmq.POLLIN:
+        try:
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return
+        count += 1
+        yield frames
 
 
 def set_common_options(sock: zmq.Socket, endpoint: str | None = None) -> None:

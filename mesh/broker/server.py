@@ -36,6 +36,7 @@ from mesh.config import (
     MODEL_FORGET_S,
     Liveness,
 )
+from mesh.transport import waiting
 from proto_msgs import (
     BatchError,
     BatchResult,
@@ -136,15 +137,7 @@ class Broker:
 
     def _drain(self, sock: zmq.Socket, handler: Any, now: float) -> None:
         # Bounded so one busy side cannot starve the other or the timers.
-        for _ in range(1000):
-            # Asked first: ending on a raised zmq.Again cost ~15 us a wake-up (its __init__
-            # imports and formats), twice per idle query.
-            if not sock.get(zmq.EVENTS) & zmq.POLLIN:
-                return
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        for frames in waiting(sock, limit=1000):
             # Per message, not the per-poll ``now``: the per-hop timings are sub-millisecond.
             self._arrived = time.perf_counter()
             identity = frames[0].bytes

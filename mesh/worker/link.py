@@ -22,6 +22,7 @@ from typing import Any
 import zmq
 
 from mesh.config import RECONNECT_BACKOFF_MAX_S, RECONNECT_BACKOFF_MIN_S, Liveness
+from mesh.transport import waiting
 from proto_msgs import (
     BatchAssign,
     Disconnect,
@@ -144,13 +145,7 @@ class BrokerLink:
             events = dict(poller.poll(min(timeout_ms, 100)))
             now = time.monotonic()
             if sock in events:
-                # EVENTS asked before each read: a raised zmq.Again costs ~15 us (see the
-                # broker's _drain), once per wake-up otherwise.
-                while sock.get(zmq.EVENTS) & zmq.POLLIN:
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
+                for frames in waiting(sock):
                     last_heard = now
                     heard_any = True
                     self.connected.set()
@@ -172,11 +167,7 @@ class BrokerLink:
         return heard_any
 
     def _forward_results(self, sock: zmq.Socket, epoch: int) -> None:
-        while self._results.get(zmq.EVENTS) & zmq.POLLIN:
-            try:
-                tagged = self._results.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        for tagged in waiting(self._results):
             # First frame is the epoch the batch came in on: results of an old session go
             # nowhere (the broker already gave that work to someone else).
             if int(tagged[0].bytes) == epoch:
