@@ -36,7 +36,7 @@ from bench.load import Measured, Target, sequential
 from bench.modes import BULK, BULK_ALONE, WIRE_LANES, Workload, phases
 from bench.report import Report, Run, hops_lines, noise
 from bench.spawn import SpawnedMesh
-from bench.stats import cdf_ms, summarize, timeline
+from bench.stats import cdf_ms, hops_summary, summarize, timeline
 
 LATENCY_WARMUP_REQUESTS = 20
 
@@ -111,6 +111,7 @@ def _runs_of(
                 label, mode, loads.get(lane, ""), summarize(m.samples, elapsed), window.cpu,
                 window.stages(WIRE_LANES.get(lane) if len(lanes) > 1 else None),
                 lane=lane, cdf_ms=cdf_ms(latencies), timeline=timeline(m.samples, m.start_s, elapsed),
+                hops_ms=hops_summary(m.samples),
             )
         )  # fmt: skip
     return runs

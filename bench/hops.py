@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import shlex
 import subprocess
 import sys
@@ -30,9 +29,8 @@ from typing import Any
 import orjson
 
 from bench.load import Target
-from bench.stats import percentile
+from bench.stats import TIMINGS_HEADER, hop_percentiles, parse_timings, percentile
 
-TIMINGS_HEADER = "X-Embedmesh-Timings"
 # Twelve words, every run the same: an idle query's cost is compared across ways and commits.
 DEFAULT_QUERY = "how can a team keep live search fast while bulk indexing runs"
 
@@ -100,31 +98,9 @@ def _run(coro: Coroutine[Any, Any, Way]) -> Way:
     return uvloop.run(coro)
 
 
-def parse_timings(header: str | None) -> dict[str, float]:
-    """``name=ms,name=ms`` into a dict; an entry that does not parse is left out, not fatal
-    (the header is a diagnostic, and its producer is changing under us)."""
-    out: dict[str, float] = {}
-    for part in (header or "").split(","):
-        name, sep, value = part.partition("=")
-        name = name.strip()
-        if not sep or not name:
-            continue
-        try:
-            ms = float(value)
-        except ValueError:
-            continue
-        if math.isfinite(ms):
-            out[name] = ms
-    return out
-
-
 def hop_p50s(timings: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Per hop, the median over the queries that reported it; hops in first-seen order."""
-    values: dict[str, list[float]] = {}
-    for one in timings:
-        for name, ms in one.items():
-            values.setdefault(name, []).append(ms)
-    return {name: percentile(ms, 50) for name, ms in values.items()}
+    return hop_percentiles(timings, (50,))["p50"]
 
 
 async def http_way(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
-from bench.stats import Sample, even_schedule, poisson_schedule
+from bench.stats import TIMINGS_HEADER, Sample, even_schedule, parse_timings, poisson_schedule
 
 Body = tuple[bytes, int]  # JSON body, number of texts in it
 
@@ -45,13 +45,23 @@ class Target:
         )
 
 
-async def send(session: aiohttp.ClientSession, url: str, body: Body, due: float) -> Sample:
-    """One request; latency counts from ``due`` (the open loop's scheduled time)."""
+# Per request rather than on the session: only the lane that asks pays for the timings.
+ASK_TIMINGS = {TIMINGS_HEADER: "1"}
+
+
+async def send(
+    session: aiohttp.ClientSession, url: str, body: Body, due: float, timings: bool = False
+) -> Sample:
+    """One request; latency counts from ``due`` (the open loop's scheduled time).
+
+    ``timings``: ask the ingress for its per-hop timings and keep them in ``Sample.hops``.
+    """
     data, texts = body
     try:
-        async with session.post(url, data=data) as resp:
+        async with session.post(url, data=data, headers=ASK_TIMINGS if timings else None) as resp:
             payload = await resp.read()
             status = str(resp.status)
+            hops = parse_timings(resp.headers.get(TIMINGS_HEADER)) if timings else None
     except TimeoutError:
         return Sample(due, time.perf_counter() - due, "timeout", texts)
     except aiohttp.ClientError as exc:
@@ -66,7 +76,7 @@ async def send(session: aiohttp.ClientSession, url: str, body: Body, due: float)
                 status = "200-wrong-count"
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             status = "200-bad-body"
-    return Sample(due, latency, status, texts, tokens)
+    return Sample(due, latency, status, texts, tokens, hops or None)
 
 
 OnWindow = Callable[[], None] | None  # called when the measured window opens
@@ -99,6 +109,7 @@ async def closed_loop(
     count: int | None = None,
     warmup_s: float = 0.0,
     on_window: OnWindow = None,
+    timings: bool = False,
 ) -> Measured:
     """``concurrency`` clients, each sending its next request when the last one returns.
 
@@ -106,7 +117,8 @@ async def closed_loop(
     ``duration_s``: the samples are the requests that *completed* inside the window and the
     elapsed time is ``duration_s``, so neither the ramp-up nor the drain at the end (fewer
     requests in flight than clients) dilutes a saturation rate. By ``count``: the first
-    ``count`` requests sent after the warm-up, timed to the last answer.
+    ``count`` requests sent after the warm-up, timed to the last answer. ``timings``: every
+    request asks for the ingress's per-hop timings (``send``).
     """
     if (duration_s is None) == (count is None):
         raise ValueError("give exactly one of duration_s and count")
@@ -126,7 +138,8 @@ async def closed_loop(
     async def client(session: aiohttp.ClientSession) -> None:
         url = target.embeddings_url
         while more():
-            samples.append(await send(session, url, next(picks), time.perf_counter()))
+            sample = await send(session, url, next(picks), time.perf_counter(), timings)
+            samples.append(sample)
 
     _at_window(warmup_s, on_window)
     async with target.session(concurrency) as session:
@@ -148,6 +161,7 @@ async def open_loop(
     on_window: OnWindow = None,
     seed: int = 0,
     even: bool = False,
+    timings: bool = False,
 ) -> Measured:
     """Poisson arrivals at ``rate`` requests/s (``even``: one every ``1 / rate`` s), whatever
     the answers do.
@@ -156,7 +170,7 @@ async def open_loop(
     behind shows up in the percentiles instead of hiding (no coordinated omission). The
     samples are the requests due after ``warmup_s``, each awaited; the elapsed time runs to
     the last answer, so a mesh that keeps up shows the offered rate and one that does not,
-    less.
+    less. ``timings``: as in ``closed_loop``.
     """
     if even:
         schedule = even_schedule(rate, duration_s=warmup_s) if warmup_s else []
@@ -176,7 +190,7 @@ async def open_loop(
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(
-                asyncio.create_task(send(session, target.embeddings_url, next(picks), due))
+                asyncio.create_task(send(session, target.embeddings_url, next(picks), due, timings))
             )
         samples = [s for s in await asyncio.gather(*tasks) if s.start_s >= start + warmup_s]
     window = start + warmup_s

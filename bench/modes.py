@@ -4,7 +4,9 @@
 - ``mixed``: bulk (C clients of 64-text requests on the batch lane) alone for one window, then
   bulk plus live queries (one short query each, evenly spaced at ``--live-rate``, on the
   interactive lane) for a second window of the same length: both lanes' latency, and the bulk
-  rate with live traffic over the bulk rate alone, measured in the same run.
+  rate with live traffic over the bulk rate alone, measured in the same run. Only the live
+  queries ask for the ingress's per-hop timings (``X-Embedmesh-Timings``): the bulk's would
+  cost it and nobody reads them.
 
 ``--procs N`` cuts the bulk (or the only) lane over N load processes. In ``mixed`` the live
 queries always get a process of their own: a load loop busy parsing bulk answers would delay a
@@ -75,7 +77,8 @@ def _mixed(work: Workload, o: dict[str, Any], timing: Timing) -> list[Phase]:
     bulk_load = f"{conc} clients x{tpr}, batch lane"
     alone = closed_jobs(BULK_ALONE, bulk_bodies, conc, o["procs"])
     bulk = closed_jobs(BULK, bulk_bodies, conc, o["procs"])
-    live = open_jobs(LIVE, live_bodies, rate, 1, seed=o["seed"], even=True)
+    # Only the live queries ask for per-hop timings: where a query's time goes under bulk load.
+    live = open_jobs(LIVE, live_bodies, rate, 1, seed=o["seed"], even=True, timings=True)
     return [
         Phase([[j] for j in alone], timing, {BULK_ALONE: bulk_load}, spawn=True),
         Phase(

@@ -41,6 +41,9 @@ class Job:
     seed: int = 0
     even: bool = False  # open loop: evenly spaced arrivals instead of Poisson
     first: int = 0  # index of the first body sent: processes do not send in lockstep
+    # Ask the ingress for per-hop timings (Sample.hops). Only where someone reads them: the
+    # header costs the ingress and the mesh work per request, which a bulk lane should not pay.
+    timings: bool = False
 
     def __post_init__(self) -> None:
         if (self.concurrency > 0) == (self.rate > 0):
@@ -82,13 +85,15 @@ def open_jobs(
     count: int | None = None,
     seed: int = 0,
     even: bool = False,
+    timings: bool = False,
 ) -> list[Job]:
-    """An open loop of ``rate`` per second (and ``count`` requests) over ``procs``."""
+    """An open loop of ``rate`` per second (and ``count`` requests) over ``procs``; ``timings``:
+    its requests ask for per-hop timings."""
     counts = _count_shares(count, procs)
     return [
         Job(
             lane, bodies, rate=rate / procs, count=n, seed=seed + 1000 * i, even=even,
-            first=i * len(bodies) // procs,
+            first=i * len(bodies) // procs, timings=timings,
         )
         for i, n in enumerate(counts)
     ]  # fmt: skip
@@ -135,11 +140,10 @@ def _one(target: Target, job: Job, timing: Timing) -> Coroutine[Any, Any, Measur
     k = job.first % len(job.bodies) if job.bodies else 0
     bodies = [*job.bodies[k:], *job.bodies[:k]]
     amount = {"count": job.count} if job.count is not None else {"duration_s": timing.duration_s}
+    common = {"warmup_s": timing.warmup_s, "timings": job.timings, **amount}
     if job.concurrency:
-        return closed_loop(target, bodies, job.concurrency, warmup_s=timing.warmup_s, **amount)
-    return open_loop(
-        target, bodies, job.rate, warmup_s=timing.warmup_s, seed=job.seed, even=job.even, **amount
-    )
+        return closed_loop(target, bodies, job.concurrency, **common)
+    return open_loop(target, bodies, job.rate, seed=job.seed, even=job.even, **common)
 
 
 def _shift(m: Measured, origin: float) -> Measured:

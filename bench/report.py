@@ -61,6 +61,9 @@ class Run:
     vs_alone: float | None = None  # mixed bulk: its tokens/s over the same run's bulk alone
     cdf_ms: list[float] = field(default_factory=list)  # latency at percentiles 0, 0.5, ..., 100
     timeline: dict[str, Any] = field(default_factory=dict)  # throughput over the window
+    # {"p50": {hop: ms}, "p99": {hop: ms}} over the samples that asked for the ingress's
+    # timings (mixed live), outside_ingress included; {} for a lane that did not ask.
+    hops_ms: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -117,6 +120,7 @@ class Report:
                         "vs_alone": r.vs_alone,
                         "cdf_ms": r.cdf_ms,
                         "timeline": r.timeline,
+                        "hops_ms": r.hops_ms,
                         "other_cpu": r.other_cpu,
                         "steal": r.cpu.steal if r.cpu is not None else None,
                         "stages_ms": r.stages_ms,
@@ -165,6 +169,7 @@ class Report:
             if r.stages_ms
         ]
         lines += [_mixed_line(r, self.runs) for r in self.runs if r.vs_alone is not None]
+        lines += [run_hops_line(r) for r in self.runs if r.hops_ms]
         lines += [line for h in self.hops for line in hops_lines(h)]
         lines += [w for r in self.runs if (w := _noise_warning(r))]
         return "\n".join(lines)
@@ -239,6 +244,13 @@ def _mixed_line(bulk: Run, runs: list[Run]) -> str:
             f"({live.stats.ok}/{live.stats.requests} ok)"
         )
     return line
+
+
+def run_hops_line(r: Run) -> str:
+    """A lane's per-hop p50/p99 in one line, hops in the order the ingress reported them."""
+    p50, p99 = r.hops_ms.get("p50", {}), r.hops_ms.get("p99", {})
+    hops = ", ".join(f"{hop} {ms:.2f}/{p99.get(hop, math.nan):.2f}" for hop, ms in p50.items())
+    return f"{r.lane or r.mode} hops in {r.config}, p50/p99 ms: {hops}"
 
 
 def hops_lines(h: dict[str, Any]) -> list[str]:

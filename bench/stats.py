@@ -8,10 +8,15 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 PERCENTILES = (50, 90, 99)
+# Asked for with "1", answered with "name=ms,name=ms,...": the ingress's per-hop timings.
+TIMINGS_HEADER = "X-Embedmesh-Timings"
+# The share of a request's latency that the ingress did not time: the load generator's client,
+# the HTTP transport both ways and, in an open loop, any lag behind the schedule.
+OUTSIDE_INGRESS = "outside_ingress"
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,9 @@ class Sample:
     status: str  # HTTP status ("200", "429", ...) or the client-side failure ("timeout", ...)
     texts: int  # inputs in the request
     tokens: int = 0  # usage.prompt_tokens of a 200 answer, else 0
+    # The ingress's per-hop ms (parse_timings) when the request asked for them; None otherwise.
+    # Not hashed: a dict is not hashable, and a Sample stays usable as a key or in a set.
+    hops: dict[str, float] | None = field(default=None, hash=False)
 
     @property
     def end_s(self) -> float:
@@ -49,6 +57,51 @@ def percentile(values: Sequence[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def parse_timings(header: str | None) -> dict[str, float]:
+    """``name=ms,name=ms`` into a dict; an entry that does not parse is left out, not fatal
+    (the header is a diagnostic, and its producer is changing under us)."""
+    out: dict[str, float] = {}
+    for part in (header or "").split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            continue
+        try:
+            ms = float(value)
+        except ValueError:
+            continue
+        if math.isfinite(ms):
+            out[name] = ms
+    return out
+
+
+def hop_percentiles(
+    timings: Iterable[Mapping[str, float]], qs: Sequence[float] = (50,)
+) -> dict[str, dict[str, float]]:
+    """Per ``q`` (key ``pQ``), per hop, the percentile over the requests that reported that hop;
+    hops in first-seen order (a name that never arrives is not shown)."""
+    values: dict[str, list[float]] = {}
+    for one in timings:
+        for name, ms in one.items():
+            values.setdefault(name, []).append(ms)
+    return {f"p{q:g}": {name: percentile(ms, q) for name, ms in values.items()} for q in qs}
+
+
+def hops_summary(samples: Iterable[Sample]) -> dict[str, dict[str, float]]:
+    """p50 and p99 per hop over the successful samples that carry hops, plus
+    ``outside_ingress`` (latency minus ``ingress_total``, where the ingress reported it);
+    ``{}`` when no sample carries hops (a lane that did not ask for them)."""
+    timings = []
+    for s in samples:
+        if not s.ok or not s.hops:
+            continue
+        one = dict(s.hops)
+        if "ingress_total" in one:
+            one[OUTSIDE_INGRESS] = s.latency_s * 1000 - one["ingress_total"]
+        timings.append(one)
+    return hop_percentiles(timings, (50, 99)) if timings else {}
 
 
 def poisson_schedule(

@@ -76,3 +76,23 @@ async def test_open_loop_with_even_arrivals_spaces_requests_by_one_period(stub_t
     starts = sorted(s.start_s for s in samples)
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert len(samples) == 5 and gaps == pytest.approx([0.02] * 4)
+
+
+async def test_open_loop_with_timings_keeps_each_answers_hops_in_its_sample(stub_target) -> None:
+    stub, target = stub_target
+    asked = (await open_loop(target, BODIES, 100, count=4, even=True, timings=True)).samples
+    assert len(asked) == 4
+    assert all(
+        s.hops == {"ingress_parse": 0.05, "ingress_tokenize": 0.2, "client_mesh": 1.5}
+        for s in asked
+    )
+    stub.timings = "broken,worker_wait=x"  # an answer whose header has nothing usable
+    (garbled,) = (await open_loop(target, BODIES, 100, count=1, timings=True)).samples
+    assert garbled.ok and garbled.hops is None
+
+
+async def test_a_load_that_does_not_ask_for_timings_gets_none(stub_target) -> None:
+    _, target = stub_target
+    # The stub answers the header only to a request that asked for it (as the ingress does).
+    samples = (await closed_loop(target, BODIES, 2, count=4)).samples
+    assert len(samples) == 4 and all(s.ok and s.hops is None for s in samples)

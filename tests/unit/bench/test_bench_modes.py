@@ -72,6 +72,15 @@ def test_mixed_measures_bulk_alone_then_bulk_with_live_queries_for_the_same_time
     assert set(mixed.loads) == {BULK, LIVE} and alone.spawn and mixed.spawn
 
 
+def test_only_the_live_queries_of_mixed_ask_for_per_hop_timings() -> None:
+    alone, mixed = phases("mixed", WORK, _options(procs=2))
+    asks = {j.lane: j.timings for p in (alone, mixed) for g in p.per_process for j in g}
+    assert asks == {BULK_ALONE: False, BULK: False, LIVE: True}
+    for mode, extra in (("closed", {}), ("open", {"rate": 10.0})):
+        (phase,) = phases(mode, WORK, _options(procs=2, **extra))
+        assert not any(j.timings for g in phase.per_process for j in g)
+
+
 def test_mixed_needs_a_duration_and_a_live_rate() -> None:
     with pytest.raises(ValueError):
         phases("mixed", WORK, _options(requests=100))

@@ -93,6 +93,18 @@ async def test_jobs_on_one_loop_run_together_with_times_from_their_common_start(
     assert all(0 <= s.start_s < 60 for m in lanes.values() for s in m.samples)
 
 
+async def test_only_a_job_that_asks_for_timings_gets_hops(stub_target) -> None:
+    _, target = stub_target
+    jobs = [
+        Job("bulk", BODIES, concurrency=2, count=4),
+        *open_jobs("live", BODIES, 50.0, 1, count=3, even=True, timings=True),
+    ]
+    lanes = await asyncio.to_thread(procs.run, target, [jobs], Timing(None), spawn=False)
+    assert all(s.hops is None for s in lanes["bulk"].samples)
+    live = lanes["live"].samples
+    assert len(live) == 3 and all(s.hops and s.hops["client_mesh"] == 1.5 for s in live)
+
+
 @pytest.mark.timeout(120)
 async def test_spawned_load_processes_each_send_their_share_and_results_merge(
     stub_target,

@@ -13,7 +13,7 @@ from bench.baseline import BaselineResult
 from bench.corpus import load_texts, request_bodies
 from bench.host import CpuUse
 from bench.report import Report, Run
-from bench.stats import Sample, summarize
+from bench.stats import Sample, hops_summary, summarize
 
 
 def test_request_bodies_group_texts_and_keep_a_single_text_a_string() -> None:
@@ -126,3 +126,36 @@ def test_json_carries_lanes_configs_and_the_bulk_ratio() -> None:
     assert [r["lane"] for r in data["runs"]] == ["bulk alone", "bulk", "live"]
     assert data["runs"][1]["vs_alone"] == 0.9 and data["runs"][0]["vs_alone"] is None
     assert data["configs"] == {"--ingress-procs 2": "mesh-launch --role all --ingress-procs 2"}
+
+
+def _hopped_report() -> Report:
+    report = _mixed_report()
+    hops = [
+        {"broker_queue": 0.1 * (i + 1), "worker_compute": 2.0, "ingress_total": 3.0}
+        for i in range(10)
+    ]
+    live = [Sample(0.0, 0.004, "200", 1, 18, h) for h in hops]
+    report.runs[2] = Run(
+        "--ingress-procs 2", "mixed", "10/s", summarize(live, 1.0), lane="live",
+        hops_ms=hops_summary(live),
+    )  # fmt: skip
+    return report
+
+
+def test_json_carries_each_runs_per_hop_p50_and_p99() -> None:
+    runs = json.loads(_hopped_report().as_json())["runs"]
+    assert [r["hops_ms"] for r in runs[:2]] == [{}, {}]  # the bulk did not ask
+    live = runs[2]["hops_ms"]
+    assert set(live) == {"p50", "p99"}
+    assert live["p50"]["worker_compute"] == 2.0
+    assert live["p50"]["broker_queue"] == pytest.approx(0.55)
+    assert live["p99"]["outside_ingress"] == pytest.approx(1.0)  # 4 ms - 3 ms in the ingress
+
+
+def test_table_has_one_hops_line_for_the_lane_that_has_hops() -> None:
+    lines = [x for x in _hopped_report().table().splitlines() if " hops in " in x]
+    assert lines == [
+        "live hops in --ingress-procs 2, p50/p99 ms: broker_queue 0.55/0.99, "
+        "worker_compute 2.00/2.00, ingress_total 3.00/3.00, outside_ingress 1.00/1.00"
+    ]
+    assert " hops in " not in _mixed_report().table()  # no run with hops: no line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 import statistics
 
 import numpy as np
@@ -14,6 +15,8 @@ from bench.stats import (
     Sample,
     cdf_ms,
     even_schedule,
+    hop_percentiles,
+    hops_summary,
     percentile,
     poisson_schedule,
     summarize,
@@ -142,3 +145,52 @@ def test_timeline_bins_successes_by_completion_time_inside_the_window() -> None:
         1000
     )
     assert len(timeline(samples, 0.0, 60.0)["tokens_per_s"]) == 60  # 1 s bins in long windows
+
+
+def _hopped(latency_ms: float, hops: dict[str, float] | None, status: str = "200") -> Sample:
+    return Sample(0.0, latency_ms / 1000, status, 1, 3, hops)
+
+
+def test_hops_summary_is_p50_and_p99_per_hop_over_the_samples_that_carry_hops() -> None:
+    samples = [
+        _hopped(10.0, {"broker_queue": 1.0, "worker_compute": 4.0, "ingress_total": 8.0}),
+        _hopped(20.0, {"broker_queue": 3.0, "worker_compute": 6.0, "ingress_total": 17.0}),
+        _hopped(30.0, {"broker_queue": 2.0, "worker_compute": 5.0, "worker_reply": 0.5}),
+        # Left out: no hops asked for (a bulk sample), none answered, and a failed request.
+        _hopped(900.0, None),
+        _hopped(900.0, {}),
+        _hopped(900.0, {"broker_queue": 500.0, "ingress_total": 1.0}, status="503"),
+    ]
+    summary = hops_summary(samples)
+    assert list(summary) == ["p50", "p99"]
+    p50, p99 = summary["p50"], summary["p99"]
+    assert list(p50) == [
+        "broker_queue", "worker_compute", "ingress_total", "outside_ingress", "worker_reply"
+    ]  # fmt: skip
+    assert p50["broker_queue"] == 2.0 and p50["worker_compute"] == 5.0
+    assert p50["worker_reply"] == 0.5 == p99["worker_reply"]  # one sample reported it
+    assert p99["broker_queue"] == pytest.approx(2.98)  # 2 + 0.98 * (3 - 2)
+    # Latency minus ingress_total, over the two samples whose ingress reported a total.
+    assert p50["outside_ingress"] == pytest.approx(2.5)  # median of 2 and 3
+    assert p99["outside_ingress"] == pytest.approx(2.99)
+
+
+def test_hops_summary_of_samples_without_hops_is_empty() -> None:
+    assert hops_summary([_hopped(5.0, None), _hopped(6.0, None)]) == {}
+    assert hops_summary([]) == {}
+
+
+def test_hop_percentiles_keys_each_percentile_and_keeps_first_seen_hop_order() -> None:
+    timings = [{"b": 2.0, "a": 1.0}, {"a": 3.0}]
+    assert hop_percentiles(timings, (50, 100)) == {
+        "p50": {"b": 2.0, "a": 2.0},
+        "p100": {"b": 2.0, "a": 3.0},
+    }
+
+
+def test_a_sample_with_hops_pickles_and_still_hashes() -> None:
+    # Load processes send their samples back pickled (bench.procs).
+    sample = _hopped(12.0, {"broker_queue": 0.25, "ingress_total": 10.0})
+    back = pickle.loads(pickle.dumps(sample))
+    assert back == sample and back.hops == {"broker_queue": 0.25, "ingress_total": 10.0}
+    assert len({sample, back}) == 1
