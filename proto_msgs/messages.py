@@ -513,10 +513,21 @@ class WorkerReady(Message):
     credits: int  # batches it accepts at once (2 = one running, one prefetched)
     heartbeat_ms: int  # its heartbeat interval: silent for this x the broker's liveness = dead
     device: str
+    # Of ``credits``, how many are kept for its live lane: small batches (of at most
+    # ``live_tokens``) it runs beside its bulk work, on a CUDA stream of their own, so that a
+    # query does not wait behind the bulk batches it holds. The broker then never mixes the
+    # lanes in one batch, cuts interactive batches at ``live_tokens`` and gives batch-lane work
+    # only the other credits. 0: no live lane (a CPU worker; one from before the field).
+    live_credits: int = 0
+    live_tokens: int = 0
 
     def validate(self) -> None:
         if not 1 <= self.credits <= 64:
             raise ProtocolError("WorkerReady: credits out of 1..64")
+        if not 0 <= self.live_credits < self.credits:
+            raise ProtocolError("WorkerReady: live_credits must leave bulk at least one credit")
+        if self.live_credits and not 1 <= self.live_tokens <= self.max_batch_tokens:
+            raise ProtocolError("WorkerReady: live_tokens out of 1..max_batch_tokens")
         if self.max_batch_tokens < 1 or self.max_batch_requests < 1:
             raise ProtocolError("WorkerReady: budgets must be positive")
         # The broker declares the worker dead after heartbeat_ms x its liveness of silence: a

@@ -276,6 +276,47 @@ class Queue:
         if room > batch.bulk_tokens:
             limit = min(max_batch_tokens, batch.tokens + room - batch.bulk_tokens)
             self._take(mq, Lane.BATCH, limit, max_batch_requests, max_batch_tokens, now, batch)
+        return self._formed(mq, batch, now)
+
+    def form_lane_batch(
+        self,
+        model: str,
+        max_batch_tokens: int,
+        max_batch_requests: int,
+        now: float,
+        live_tokens: int,
+        bulk_allowed: bool,
+    ) -> FormedBatch | None:
+        """Cut the next batch for a worker with a live lane (``WorkerReady.live_credits``),
+        which runs a batch of at most ``live_tokens`` beside the bulk batches it holds, on a
+        CUDA stream of its own: a query there does not wait behind bulk, so the lanes never
+        share a batch and no cap on held bulk is needed.
+
+        Interactive work goes first, in batches of at most ``live_tokens`` (a longer head goes
+        alone, and the worker runs it on its bulk path). Batch-lane work takes the whole budget
+        but only when ``bulk_allowed`` (the caller: the worker has a credit free beyond the
+        ones it keeps for its live lane). A batch-lane head that has waited ``aging_s`` goes
+        before waiting interactive work, so a flood of queries cannot starve bulk either.
+        """
+        if max_batch_tokens < 1 or max_batch_requests < 1 or live_tokens < 1:
+            raise ValueError("a batch budget needs at least one token and one sequence")
+        mq = self._models.get(model)
+        if mq is None:
+            return None
+        batch = FormedBatch()
+        head = self._head(mq, Lane.BATCH, now, batch) if bulk_allowed else None
+        aged = head is not None and now - head.request.submitted_at >= self.aging_s
+        if not aged:
+            live = min(live_tokens, max_batch_tokens)
+            self._take(mq, Lane.INTERACTIVE, live, max_batch_requests, max_batch_tokens, now, batch)
+        if not batch.slices and bulk_allowed:
+            self._take(
+                mq, Lane.BATCH, max_batch_tokens, max_batch_requests, max_batch_tokens, now, batch
+            )
+        return self._formed(mq, batch, now)
+
+    @staticmethod
+    def _formed(mq: _ModelQueue, batch: FormedBatch, now: float) -> FormedBatch | None:
         if batch.tokens:
             mq.note_dispatch(batch.tokens, now)
         return batch if batch.slices or batch.expired or batch.refused else None

@@ -24,6 +24,8 @@ class WorkerState:
     progress: int = 0  # batches the worker says it finished
     progress_at: float = 0.0  # when progress last moved (or a result came back)
     rate: float = 0.0  # tokens per second of compute on its large batches; 0 while unknown
+    live_credits: int = 0  # of credits, those kept for its live lane (WorkerReady); 0: none
+    live_tokens: int = 0  # the largest batch its live lane runs
 
     def note_compute(self, tokens: int, compute_ms: float) -> None:
         """Learn the worker's rate from a batch's result (large batches only: see config)."""
@@ -68,6 +70,8 @@ class Registry:
             last_heard=now,
             expiry_s=ready.heartbeat_ms / 1000 * liveness,
             progress_at=now,
+            live_credits=ready.live_credits,
+            live_tokens=ready.live_tokens,
         )
         self.workers[identity] = state
         # The first of each stays: the caller refuses a card that conflicts with a known one

@@ -273,17 +273,7 @@ class Broker:
         """Give each worker of ``model`` with a free credit a batch, while work remains."""
         while self.queue.queued_sequences(model):
             for worker in self.registry.with_credit(model):
-                formed = self.queue.form_batch(
-                    model,
-                    worker.max_batch_tokens,
-                    worker.max_batch_requests,
-                    now,
-                    bulk_cap=worker.bulk_cap(self.opts.live_bulk_batches, self.opts.live_bulk_ms),
-                    bulk_held=self.inflight.bulk_tokens(worker.identity),
-                    # One credit stays free for live work; bulk shares the others.
-                    bulk_split=max(1, worker.credits - 1),
-                    last_credit=worker.credits > 1 and worker.free == 1,
-                )
+                formed = self._form(model, worker, now)
                 if formed is None:
                     continue  # nothing this worker may take now; another may hold less bulk
                 for request in formed.expired:
@@ -299,6 +289,30 @@ class Broker:
                     break
             else:
                 return
+
+    def _form(self, model: str, worker: WorkerState, now: float) -> FormedBatch | None:
+        """The next batch for ``worker``: lanes apart for one with a live lane (its queries
+        run beside its bulk), else the shared batch under the live-first bulk cap."""
+        if worker.live_credits:
+            return self.queue.form_lane_batch(
+                model,
+                worker.max_batch_tokens,
+                worker.max_batch_requests,
+                now,
+                live_tokens=worker.live_tokens,
+                bulk_allowed=worker.free > worker.live_credits,
+            )
+        return self.queue.form_batch(
+            model,
+            worker.max_batch_tokens,
+            worker.max_batch_requests,
+            now,
+            bulk_cap=worker.bulk_cap(self.opts.live_bulk_batches, self.opts.live_bulk_ms),
+            bulk_held=self.inflight.bulk_tokens(worker.identity),
+            # One credit stays free for live work; bulk shares the others.
+            bulk_split=max(1, worker.credits - 1),
+            last_credit=worker.credits > 1 and worker.free == 1,
+        )
 
     def _send_batch(self, worker: WorkerState, formed: FormedBatch, now: float) -> None:
         deadline = now + self.opts.batch_timeout_s

@@ -438,3 +438,49 @@ def test_an_aged_bulk_head_shares_the_cap_while_live(make_request):
     # Holding its whole cap, an aged head waits: the worker is not starved of bulk.
     batch = queue.form_batch("m", 40, 100, now=5.0, bulk_cap=20, bulk_held=20)
     assert spans(batch) == [(2, 8, 10)]
+
+
+# ---- a worker with a live lane (form_lane_batch) ----------------------------------------------
+
+
+def test_with_a_live_lane_queries_and_bulk_never_share_a_batch(make_request):
+    queue = Queue(BIG, aging_s=10.0, live_window_s=1.0)
+    queue.submit(make_request([10] * 10, lane=Lane.BATCH), now=0.0)
+    queue.submit(make_request([5, 5]), now=0.0)
+    # Interactive first, alone, though the budget has room for bulk beside it.
+    batch = queue.form_lane_batch("m", 100, 100, now=0.0, live_tokens=50, bulk_allowed=True)
+    assert spans(batch) == [(2, 0, 2)] and batch.bulk_tokens == 0
+    # Then bulk fills the whole budget, live or not: no cap on what the worker holds.
+    assert queue.live("m", now=0.1)
+    batch = queue.form_lane_batch("m", 100, 100, now=0.1, live_tokens=50, bulk_allowed=True)
+    assert spans(batch) == [(1, 0, 10)] and batch.bulk_tokens == 100
+
+
+def test_with_a_live_lane_bulk_waits_for_a_credit_beyond_the_lanes(make_request):
+    queue = Queue(BIG, aging_s=10.0)
+    queue.submit(make_request([10] * 4, lane=Lane.BATCH), now=0.0)
+    assert queue.form_lane_batch("m", 100, 100, now=0.0, live_tokens=50, bulk_allowed=False) is None
+    queue.submit(make_request([5]), now=0.0)  # ... while a query still takes the lane's credit
+    batch = queue.form_lane_batch("m", 100, 100, now=0.0, live_tokens=50, bulk_allowed=False)
+    assert spans(batch) == [(2, 0, 1)]
+
+
+def test_with_a_live_lane_interactive_batches_are_cut_at_its_size(make_request):
+    queue = Queue(BIG, aging_s=10.0)
+    queue.submit(make_request([20, 20, 20]), now=0.0)
+    queue.submit(make_request([80]), now=0.0)  # longer than the lane: goes alone, whole
+    cuts = [
+        spans(queue.form_lane_batch("m", 100, 100, now=0.0, live_tokens=50, bulk_allowed=True))
+        for _ in range(3)
+    ]
+    assert cuts == [[(1, 0, 2)], [(1, 2, 3)], [(2, 0, 1)]]
+
+
+def test_with_a_live_lane_an_aged_bulk_head_goes_before_waiting_queries(make_request):
+    queue = Queue(BIG, aging_s=1.0)
+    queue.submit(make_request([10] * 4, lane=Lane.BATCH), now=0.0)
+    queue.submit(make_request([5]), now=5.0)
+    batch = queue.form_lane_batch("m", 100, 100, now=5.0, live_tokens=50, bulk_allowed=True)
+    assert spans(batch) == [(1, 0, 4)]  # bulk, whole budget, alone
+    batch = queue.form_lane_batch("m", 100, 100, now=5.0, live_tokens=50, bulk_allowed=False)
+    assert spans(batch) == [(2, 0, 1)]

@@ -411,3 +411,34 @@ def test_the_catalog_reports_the_largest_batch_budget_among_live_workers():
     h.pump()
     served = catalog(h)["m"]
     assert (served.max_batch_tokens, served.max_batch_requests, served.workers) == (64, 16, 1)
+
+
+def test_a_worker_with_a_live_lane_keeps_a_credit_for_queries_and_bulk_is_not_capped():
+    h = Harness(aging_s=60.0)
+    h.add_worker(msg=ready(credits=3, max_batch_tokens=64, live_credits=1, live_tokens=16))
+    h.submit(submit(100, [4], lane=0, token=7))  # a query first: the model is live
+    [(_, live)] = h.back.take(BatchAssign)
+    h.back.push(b"w1", answer(live))
+    h.pump()
+    h.submit(submit(1, [16] * 16, lane=1))  # 256 bulk tokens
+    # Live, yet bulk takes two whole batches (no cap), and the third credit stays free.
+    bulk = [m for _, m in h.back.take(BatchAssign)]
+    assert [m.n * 16 for m in bulk] == [64, 64]
+    h.submit(submit(101, [4, 4, 4, 4, 4], lane=0, token=7))  # 20 tokens: over the lane's 16
+    # The free credit takes queries alone, cut at the lane's size.
+    [(_, query)] = h.back.take(BatchAssign)
+    assert query.n == 4 and set(query.token_ids.tolist()) == {7}
+    h.back.push(b"w1", answer(bulk[0]))
+    h.pump()
+    # A credit came back: queries first, so it carries the query's rest; bulk, now holding
+    # one batch and the lane's credit in use, waits.
+    [(_, rest)] = h.back.take(BatchAssign)
+    assert rest.n == 1 and set(rest.token_ids.tolist()) == {7}
+    h.back.push(b"w1", answer(query))
+    h.pump()
+    assert h.back.take(BatchAssign) == []  # one credit free: the lane's
+    h.back.push(b"w1", answer(rest))
+    h.pump()
+    [(_, more)] = h.back.take(BatchAssign)  # two credits free, one beyond the lane's: bulk
+    assert more.n * 16 == 64 and set(more.token_ids.tolist()) == {5}
+    assert h.back.take(BatchAssign) == []

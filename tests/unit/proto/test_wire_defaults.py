@@ -54,3 +54,31 @@ def test_a_prompt_of_the_wrong_type_is_refused() -> None:
     body["models"][0]["prompts"] = {"query": 3}
     with pytest.raises(ProtocolError, match="prompts"):
         decode([frames[0], msgpack.packb(body), *frames[2:]])
+
+
+def test_a_ready_from_a_worker_without_a_live_lane_field_keeps_no_credit_for_one() -> None:
+    frames = encode(dataclasses.replace(_ready(), live_credits=1, live_tokens=1024))
+    assert decode(frames).live_credits == 1 and decode(frames).live_tokens == 1024
+    body = msgpack.unpackb(frames[1])
+    del body["live_credits"], body["live_tokens"]
+    got = decode([frames[0], msgpack.packb(body, use_bin_type=True), *frames[2:]])
+    assert (got.live_credits, got.live_tokens) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("credits", "live_credits", "live_tokens", "problem"),
+    [
+        (2, 2, 1024, "leave bulk at least one credit"),
+        (2, -1, 0, "leave bulk at least one credit"),
+        (2, 1, 0, "live_tokens out of"),
+        (2, 1, 8193, "live_tokens out of"),
+    ],
+)
+def test_a_ready_whose_live_lane_leaves_bulk_nothing_is_refused(
+    credits: int, live_credits: int, live_tokens: int, problem: str
+) -> None:
+    bad = dataclasses.replace(
+        _ready(), credits=credits, live_credits=live_credits, live_tokens=live_tokens
+    )
+    with pytest.raises(ProtocolError, match=problem):
+        decode(encode(bad))
