@@ -29,6 +29,7 @@ import zmq
 
 from mesh.config import Liveness
 from mesh.worker.link import BrokerLink, Incoming
+from mesh.worker.live_lane import LiveLane
 from mesh.worker.pipeline import Launched, ResultPipeline
 from proto_msgs import (
     BatchAssign,
@@ -70,6 +71,9 @@ class WorkerOptions:
     device: str
     test_hang_after: int | None = None  # test hook: the compute loop hangs after N batches
     inline_max_ms: float = INLINE_MAX_MS  # 0: every batch goes through the compute thread
+    # Run small batches beside bulk on a lane of their own (mesh.worker.live_lane), keeping
+    # one of ``credits`` for it; needs an Engine (its live_lane sibling) and two credits.
+    live_lane: bool = False
     profile_out: str | None = None  # diagnostics: cProfile the compute loop, stats here
 
 
@@ -83,6 +87,8 @@ class LoopStats:
     launch_s: float = 0.0  # compute thread: checks, forward launch, result copies queued
     collect_s: float = 0.0  # finisher: waiting for the device, copying results out, encoding
     send_s: float = 0.0  # finisher: handing the frames to the link
+    inline: int = 0  # of the batches, those run on the link thread (idle inline or live lane)
+    live: int = 0  # of those, the ones on the live lane
 
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds per thread
 
@@ -90,6 +96,7 @@ class LoopStats:
         n = max(1, self.batches)
         parts = ("waited", "launch", "collect", "send")
         means = ", ".join(f"{p} {1000 * getattr(self, p + '_s') / n:.2f}" for p in parts)
+        means += f"; on the link thread {self.inline} ({self.live} on the live lane)"
         usage = resource.getrusage(resource.RUSAGE_SELF)
         cpu = {**self.cpu_s, "process": usage.ru_utime + usage.ru_stime}
         cpus = ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
@@ -125,6 +132,10 @@ class WorkerServer:
         self.engine = engine
         self.model = model
         self.options = options
+        if options.live_lane and options.credits < 2:
+            raise ValueError("a live lane needs two credits at least: one for it, one for bulk")
+        live_tokens = min(INLINE_MAX_TOKENS, options.max_batch_tokens)
+        self.live = LiveLane(engine, live_tokens) if options.live_lane else None
         ready = WorkerReady(
             name=options.name,
             model=model,
@@ -134,6 +145,8 @@ class WorkerServer:
             credits=options.credits,
             heartbeat_ms=max(1, int(liveness.interval_s * 1000)),
             device=options.device,
+            live_credits=1 if self.live is not None else 0,
+            live_tokens=live_tokens if self.live is not None else 0,
         )
         self.link = BrokerLink(
             ctx, broker_endpoint, ready, liveness, connect=connect, accept=self._accept
@@ -148,12 +161,19 @@ class WorkerServer:
         self._small: tuple[int, float] | None = None
         # The test hook hangs the compute loop, which the inline path would step around.
         self._inline_max_ms = 0.0 if options.test_hang_after is not None else options.inline_max_ms
+        if self.live is not None:  # warmed up (its graphs captured): no cold start to fear
+            self._small = (16, self.live.warmup())
+            log.info("live lane up: batches of at most %d tokens; 16 tokens in %.2f ms "
+                     "(it takes batches while that scales within %.0f ms)",
+                     live_tokens, self._small[1], self._inline_max_ms)  # fmt: skip
         self.stats = LoopStats()
         self._stop = threading.Event()
 
     def stop(self) -> None:
         self._stop.set()
         self.pipeline.stopping.set()
+        if self.live is not None:
+            self.live.pipeline.stopping.set()
 
     def run(self) -> None:
         """Serve until stop() (or a signal handler calling it).
@@ -195,7 +215,7 @@ class WorkerServer:
                     break
                 started = time.perf_counter()
                 self.stats.waited_s += started - item.received_at
-                self._done.put((item, self._launch(item)))
+                self._done.put((item, self._launch(item, self.pipeline)))
                 self.stats.launch_s += time.perf_counter() - started
                 launched += 1
         finally:
@@ -218,19 +238,21 @@ class WorkerServer:
                 log.info("worker graphs: %s", runner.summary())
 
     def _accept(self, item: Incoming) -> list[Any] | None:
-        """Link thread, each batch: queue it for the compute loop, or, when the worker is idle
-        and the batch small and quick, run it here and return its reply frames for the link
-        to send.
+        """Link thread, each batch: queue it for the compute loop, or run it here and return
+        its reply frames for the link to send. Here run a small, quick batch on the live lane
+        (busy or not: :mod:`mesh.worker.live_lane`), and, without a live lane, one that finds
+        the worker idle.
 
         An idle query then wakes one thread instead of four (link → compute → finisher →
         link): each hand-off woke a sleeping thread, whose first microseconds run several
-        times slower than warm code (docs/benchmarks.md, "Idle query overhead"). Meanwhile
-        nothing else is in flight, so the only cost is that a batch arriving during it is
-        launched after it instead of beside it; INLINE_MAX_MS bounds that, and how long the
-        link does not read or heartbeat.
+        times slower than warm code (docs/benchmarks.md, "Idle query overhead"). The cost is
+        that a batch arriving meanwhile waits for it; INLINE_MAX_MS bounds that, and how long
+        the link does not read or heartbeat.
         """
         with self._busy_lock:
-            inline = self._outstanding == 0 and self._quick(item.batch)
+            live = self.live is not None and self._quick(item.batch, self.live.max_tokens)
+            idle = self._outstanding == 0
+            inline = live or (idle and self._quick(item.batch, INLINE_MAX_TOKENS))
             self._outstanding += 1
             self.link.busy = True
         if not inline:
@@ -238,25 +260,40 @@ class WorkerServer:
             return None
         started = time.perf_counter()
         self.stats.waited_s += started - item.received_at
-        gpu = torch.cuda.device(self.device) if self.device.type == "cuda" else None
-        with gpu or contextlib.nullcontext():  # CUDA's current device is per thread
-            launched = self._launch(item)
+        pipeline = self.pipeline
+        if live:
+            assert self.live is not None
+            place = self.live.running()
+            pipeline = self.live.pipeline
+        elif self.device.type == "cuda":  # CUDA's current device is per thread
+            place = torch.cuda.device(self.device)
+        else:
+            place = contextlib.nullcontext()
+        # Spin on the result only when nothing else runs: spinning holds the GIL, which the
+        # compute thread needs while bulk is in flight.
+        spin = INLINE_SPIN_S if idle else 0.0
+        with place:
+            launched = self._launch(item, pipeline)
             launch_end = time.perf_counter()
             self.stats.launch_s += launch_end - started
             frames = (
                 launched
                 if isinstance(launched, list)
-                else self._collect(item, launched, INLINE_SPIN_S)
+                else self._collect(item, launched, spin, pipeline, learn=True)
             )
         self.stats.collect_s += time.perf_counter() - launch_end
+        self.stats.inline += 1
+        self.stats.live += live
+        if self.live is not None:
+            self.live.batches += live
         self._answered()
         return frames
 
-    def _quick(self, batch: BatchAssign) -> bool:
-        """Small enough for the link thread: a live query's size, and the last batch of that
-        size, scaled up to this one's tokens, computed within the inline bound."""
+    def _quick(self, batch: BatchAssign, max_tokens: int) -> bool:
+        """Small enough for the link thread: at most ``max_tokens``, and the last batch run
+        there, scaled up to this one's tokens, computed within the inline bound."""
         tokens = len(batch.token_ids)
-        if tokens > INLINE_MAX_TOKENS or self._small is None or self._stop.is_set():
+        if tokens > max_tokens or self._small is None or self._stop.is_set():
             return False
         seen_tokens, seen_ms = self._small
         return seen_ms * max(1.0, tokens / max(1, seen_tokens)) <= self._inline_max_ms
@@ -267,8 +304,8 @@ class WorkerServer:
         self.link.progress = self.stats.batches
         self._track(-1)
 
-    def _launch(self, item: Incoming) -> Launched | list[Any]:
-        """Launch ``item`` on the engine, or the frames of its error reply."""
+    def _launch(self, item: Incoming, pipeline: ResultPipeline) -> Launched | list[Any]:
+        """Launch ``item`` on ``pipeline``'s engine, or the frames of its error reply."""
         batch = item.batch
         expired = time.perf_counter() - item.received_at > batch.timeout_ms / 1000
         if expired:
@@ -281,7 +318,7 @@ class WorkerServer:
         # Ids, lengths and dims are checked once, by the engine and finalize (ValueError),
         # not again here: the broker already checked what it dispatched.
         try:
-            return self.pipeline.launch(batch)
+            return pipeline.launch(batch)
         except ValueError as exc:  # e.g. dims wider than the model: the input is at fault
             return encode(BatchError(batch.batch_id, ErrorCode.INVALID_INPUT, str(exc), False))
         except Exception as exc:  # engine failure: let another worker try (attempt-capped)
@@ -298,7 +335,12 @@ class WorkerServer:
                     break
                 item, launched = entry
                 started = time.perf_counter()
-                frames = launched if isinstance(launched, list) else self._collect(item, launched)
+                frames = (
+                    launched
+                    if isinstance(launched, list)
+                    # With a live lane, a small batch here waited behind bulk: not its speed.
+                    else self._collect(item, launched, learn=self.live is None)
+                )
                 collected = time.perf_counter()
                 try:
                     sender.send_multipart([str(item.epoch).encode(), *frames], copy=False)
@@ -311,13 +353,22 @@ class WorkerServer:
             self.stats.cpu_s["finisher"] = time.thread_time()
             sender.close(linger=0)
 
-    def _collect(self, item: Incoming, launched: Launched, spin_s: float = 0.0) -> list[Any]:
+    def _collect(
+        self,
+        item: Incoming,
+        launched: Launched,
+        spin_s: float = 0.0,
+        pipeline: ResultPipeline | None = None,
+        learn: bool = True,
+    ) -> list[Any]:
+        """The reply frames of a launched batch; ``learn``: its compute time, if small, is
+        what ``_quick`` judges the next small batch by."""
         # Everything that can fail here is caught: an exception escaping would end this
         # thread, and with it every later reply of the worker.
         try:
-            groups, ms = self.pipeline.collect(launched, spin_s)
+            groups, ms = (pipeline or self.pipeline).collect(launched, spin_s)
             timings = reply_timings(item.received_at, launched)
-            if len(item.batch.token_ids) <= INLINE_MAX_TOKENS:
+            if learn and len(item.batch.token_ids) <= INLINE_MAX_TOKENS:
                 self._small = (len(item.batch.token_ids), timings["worker_compute"])
             result = BatchResult(launched.batch_id, ms, groups, timings)
             return encode(result)

@@ -23,7 +23,7 @@ The forward is compute-bound: GEMMs are ~70 % of it, attention ~16 %.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -203,6 +203,23 @@ class Engine:
         if self.runner is not None:
             with torch.inference_mode():
                 self.runner.warmup(buckets, spans=spans)
+
+    def live_lane(self, max_tokens: int) -> Engine:
+        """A sibling for the worker's live lane (:mod:`mesh.worker.live_lane`): the same
+        weights and heads, with per-batch state of its own, so that it can run a small batch
+        on another thread (and, on CUDA, another stream) while this engine runs bulk. That
+        state is the attention plan and, on CUDA, a whole runner: pinned staging, a FlashInfer
+        workspace and graphs of buckets up to ``max_tokens`` in a memory pool of their own
+        (captured by :meth:`warmup`, never lazily: a capture would stall its thread)."""
+        if self.runner is None:
+            return replace(self, attention=_eager_backend(self.model, self.card, self.device))
+        from mesh.worker.engine.gpu import GpuRunner
+
+        runner = GpuRunner(
+            self.model, self.card, self.device, max_tokens, self.runner.graphs_on, self.dense
+        )
+        runner.lazy_capture = False
+        return replace(self, runner=runner, attention=runner.eager_attn)
 
     @property
     def vocab_size(self) -> int:

@@ -178,6 +178,7 @@ class GpuRunner:
         self.span_graphs: dict[int, _Graph] = {}  # the same, for batches holding spans
         self.span_failed: set[int] = set()
         self.pool = torch.cuda.graph_pool_handle()
+        self.lazy_capture = True  # False: only warmup captures (a live lane's runner)
         # One more than the worker's usual two batches in flight, so a third credit does not
         # wait here for a buffer the device has not read yet.
         self.staging = [_Staging(graph_max_tokens, card.pooling) for _ in range(3)]
@@ -313,7 +314,8 @@ class GpuRunner:
         if self.dense is not None:
             pooled = self.dense(pooled)
         rows = None if spans is None else span_means(hidden, spans)
-        if bucket is not None and bucket not in family and keys is None and self._budget_left():
+        lazy = self.lazy_capture and keys is None
+        if bucket is not None and bucket not in family and lazy and self._budget_left():
             self._try_capture(bucket, spans=spans is not None)
         return pooled, hidden if keep_hidden else None, rows
 

@@ -9,88 +9,15 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
 import torch
 import zmq
 
-from mesh.config import Liveness
-from mesh.worker.server import INLINE_MAX_TOKENS, WorkerOptions, WorkerServer
-from proto_msgs import (
-    BatchAssign,
-    BatchError,
-    BatchResult,
-    Disconnect,
-    ErrorCode,
-    Heartbeat,
-    ModelInfo,
-    OutputOptions,
-    WorkerReady,
-    decode,
-    encode,
-)
-
-DIMS = 8
-
-
-class SumEngine:
-    device = torch.device("cpu")
-
-    def embed(self, ids: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
-        sums = np.add.reduceat(ids.astype(np.float32), offsets[:-1])
-        return torch.from_numpy(sums)[:, None] * torch.arange(1, DIMS + 1, dtype=torch.float32)
-
-
-def _assign(batch_id: int, tokens: int = 4) -> BatchAssign:
-    ids = np.ones(tokens, dtype=np.int32)
-    ids[:4] = [1, 2, 3, batch_id]
-    return BatchAssign(
-        batch_id=batch_id,
-        model="m",
-        timeout_ms=10_000,
-        outputs=[OutputOptions(normalize=False)],
-        output_index=np.zeros(2, dtype=np.int32),
-        token_ids=ids,
-        offsets=np.array([0, 2, tokens], dtype=np.int32),
-    )
-
-
-def _next_reply(router: zmq.Socket):
-    while True:
-        assert router.poll(10_000), "no reply from the worker"
-        msg = decode(router.recv_multipart()[1:])
-        if not isinstance(msg, Heartbeat):
-            return msg
-
-
-@contextmanager
-def serving(
-    engine: SumEngine, endpoint: str, inline_max_ms: float = 10.0
-) -> Iterator[tuple[zmq.Socket, bytes, WorkerServer]]:
-    """A running WorkerServer around ``engine``, the ROUTER it said READY to, and its
-    identity there; stopped (and its thread joined) on exit."""
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.bind(endpoint)
-    info = ModelInfo("m", [], DIMS, 4096, 1000, "mean", False, "0" * 64)
-    options = WorkerOptions("w", 2, 4096, 64, "cpu", inline_max_ms=inline_max_ms)
-    server = WorkerServer(ctx, engine, info, b"{}", endpoint, options, Liveness(interval_s=0.5))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        assert router.poll(10_000)
-        identity, *frames = router.recv_multipart()
-        assert isinstance(decode(frames), WorkerReady)
-        yield router, identity, server
-    finally:
-        server.stop()
-        thread.join(10)
-        router.close(linger=0)
-        ctx.destroy(linger=0)  # as the worker role does: the link's inproc PULL stays open
-    assert not thread.is_alive()
+from mesh.worker.server import INLINE_MAX_TOKENS
+from proto_msgs import BatchAssign, BatchError, BatchResult, Disconnect, ErrorCode, encode
+from tests.unit.worker.worker_fakes import DIMS, SumEngine, assign, next_reply, serving
 
 
 @pytest.mark.parametrize("inline_max_ms", [0.0, 10.0])
@@ -107,8 +34,8 @@ def test_every_batch_gets_one_reply_even_when_building_one_fails(inline_max_ms: 
 
         server.pipeline.collect = collect  # type: ignore[method-assign]
         for batch_id in (1, 2, 3):
-            router.send_multipart([identity, *encode(_assign(batch_id))])
-        replies = [_next_reply(router) for _ in range(3)]
+            router.send_multipart([identity, *encode(assign(batch_id))])
+        replies = [next_reply(router) for _ in range(3)]
     assert [r.batch_id for r in replies] == [1, 2, 3]
     ok1, failed, ok3 = replies
     assert isinstance(ok1, BatchResult) and isinstance(ok3, BatchResult)
@@ -135,19 +62,19 @@ class SleepyEngine(SumEngine):
 def test_a_batch_in_flight_at_stop_is_answered_before_the_disconnect() -> None:
     engine = SleepyEngine(0.5)
     with serving(engine, "inproc://fake-broker-2") as (router, identity, server):
-        router.send_multipart([identity, *encode(_assign(7))])
+        router.send_multipart([identity, *encode(assign(7))])
         assert engine.started.wait(10)
         server.stop()  # while batch 7 is still computing
-        reply = _next_reply(router)
+        reply = next_reply(router)
         assert isinstance(reply, BatchResult) and reply.batch_id == 7
-        assert isinstance(_next_reply(router), Disconnect)
+        assert isinstance(next_reply(router), Disconnect)
 
 
 def test_a_reply_carries_the_workers_hop_timings() -> None:
     delay_s = 0.05
     with serving(SleepyEngine(delay_s), "inproc://fake-broker-3") as (router, identity, _):
-        router.send_multipart([identity, *encode(_assign(1))])
-        reply = _next_reply(router)
+        router.send_multipart([identity, *encode(assign(1))])
+        reply = next_reply(router)
     assert isinstance(reply, BatchResult)
     assert set(reply.timings) == {"worker_wait", "worker_compute", "worker_reply"}
     assert all(math.isfinite(v) and v >= 0 for v in reply.timings.values())
@@ -172,7 +99,7 @@ def _answer_one_at_a_time(router: zmq.Socket, identity: bytes, batches: list[Bat
     replies = []
     for b in batches:  # one at a time: the worker is idle whenever the next one arrives
         router.send_multipart([identity, *encode(b)])
-        replies.append(_next_reply(router))
+        replies.append(next_reply(router))
     return replies
 
 
@@ -184,7 +111,7 @@ ANY_TIME_MS = 60_000.0
 def test_an_idle_worker_answers_small_quick_batches_on_its_link_thread() -> None:
     engine = ThreadSpy()
     with serving(engine, "inproc://fake-broker-4", ANY_TIME_MS) as (router, identity, server):
-        replies = _answer_one_at_a_time(router, identity, [_assign(i) for i in (1, 2, 3)])
+        replies = _answer_one_at_a_time(router, identity, [assign(i) for i in (1, 2, 3)])
     assert [r.batch_id for r in replies] == [1, 2, 3]
     assert all(isinstance(r, BatchResult) for r in replies)
     # The first has no compute time to go by (a cold start can be slow): compute thread.
@@ -207,7 +134,7 @@ def test_other_batches_go_through_the_compute_thread(
     engine = ThreadSpy(delay_s)
     endpoint = f"inproc://fake-broker-5-{len(why)}"
     with serving(engine, endpoint, inline_max_ms) as (router, identity, _):
-        batches = [_assign(i, tokens) for i in (1, 2, 3)]
+        batches = [assign(i, tokens) for i in (1, 2, 3)]
         replies = _answer_one_at_a_time(router, identity, batches)
     assert [r.batch_id for r in replies] == [1, 2, 3], why
     assert all(isinstance(r, BatchResult) for r in replies), why
@@ -217,13 +144,13 @@ def test_other_batches_go_through_the_compute_thread(
 def test_batches_queued_behind_a_busy_worker_and_inline_ones_are_all_answered() -> None:
     engine = ThreadSpy(delay_s=0.002)
     with serving(engine, "inproc://fake-broker-6", ANY_TIME_MS) as (router, identity, server):
-        _answer_one_at_a_time(router, identity, [_assign(1)])  # gives a compute estimate
+        _answer_one_at_a_time(router, identity, [assign(1)])  # gives a compute estimate
         # A big batch keeps the compute thread busy; the small ones behind it are queued.
-        batches = [_assign(2, INLINE_MAX_TOKENS + 1)] + [_assign(b) for b in range(3, 12)]
+        batches = [assign(2, INLINE_MAX_TOKENS + 1)] + [assign(b) for b in range(3, 12)]
         for b in batches:
             router.send_multipart([identity, *encode(b)])
-        replies = [_next_reply(router) for _ in batches]
-        replies += _answer_one_at_a_time(router, identity, [_assign(12)])  # idle again
+        replies = [next_reply(router) for _ in batches]
+        replies += _answer_one_at_a_time(router, identity, [assign(12)])  # idle again
     assert sorted(r.batch_id for r in replies) == list(range(2, 13))
     for r in replies:
         assert isinstance(r, BatchResult)

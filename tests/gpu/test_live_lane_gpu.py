@@ -1,0 +1,65 @@
+"""The worker's live lane on CUDA (mesh.worker.live_lane): its sibling engine replays graphs
+of its own on a high-priority stream, and a query run there while bulk batches run on the
+main engine's stream gets the vectors it gets alone."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mesh.worker.engine.engine import Engine
+from mesh.worker.live_lane import LIVE_BUCKETS, LiveLane
+
+MINILM_DIR = Path(__file__).resolve().parents[2] / ".carry" / "minilm"
+
+
+def _packed(seed: int, n: int, most: int) -> tuple[np.ndarray, np.ndarray]:
+    gen = np.random.default_rng(seed)
+    lengths = gen.integers(4, most, size=n)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return gen.integers(1000, 30000, size=int(offsets[-1])).astype(np.int32), offsets
+
+
+def test_queries_on_the_live_lane_beside_bulk_match_the_engine_alone() -> None:
+    engine = Engine.load(MINILM_DIR, device="cuda")
+    engine.warmup([8192, 16384])
+    lane = LiveLane(engine)
+    assert lane.warmup() > 0
+    assert lane.engine.runner is not engine.runner and lane.engine.model is engine.model
+    assert sorted(lane.engine.runner.graphs) == LIVE_BUCKETS
+    queries = [_packed(seed, n=1 + seed % 4, most=40) for seed in range(24)]
+    want = [engine.embed(ids, offsets).float().cpu() for ids, offsets in queries]
+    bulk = [_packed(100 + i, n=120, most=250) for i in range(12)]  # ~15k tokens each
+
+    stop = threading.Event()
+    ran = []
+
+    def run_bulk() -> None:  # the worker's compute thread: bulk on the main stream
+        with torch.inference_mode():
+            while not stop.is_set():
+                for ids, offsets in bulk:
+                    ran.append(engine.embed(ids, offsets).shape[0])
+            torch.cuda.synchronize()
+
+    thread = threading.Thread(target=run_bulk)
+    thread.start()
+    got = []
+    try:
+        replayed = lane.engine.runner.graph_batches
+        with torch.inference_mode(), lane.running():
+            for ids, offsets in queries:
+                pooled = lane.engine.embed(ids, offsets)
+                lane.stream.synchronize()
+                got.append(pooled.float().cpu())
+    finally:
+        stop.set()
+        thread.join(120)
+    assert not thread.is_alive() and ran, "bulk ran beside the queries"
+    assert lane.engine.runner.graph_batches - replayed == len(queries)  # all through its graphs
+    for g, w in zip(got, want, strict=True):
+        cos = torch.nn.functional.cosine_similarity(g, w, dim=1)
+        assert cos.min().item() > 0.9999

@@ -1,0 +1,128 @@
+"""The worker's live lane (mesh.worker.live_lane) on CPU, with fake engines: READY keeps a
+credit for it; a small batch that arrives while the compute thread is busy is answered on the
+link thread by the lane's sibling engine, before the bulk batch it would have waited behind;
+what is too large or too slow for the lane still goes through the compute thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from mesh.config import Liveness
+from mesh.worker.live_lane import LIVE_BUCKETS
+from mesh.worker.server import INLINE_MAX_TOKENS, WorkerOptions, WorkerServer
+from proto_msgs import BatchResult, ModelInfo, encode
+from tests.unit.worker.worker_fakes import DIMS, SumEngine, assign, next_reply, serving
+
+ANY_TIME_MS = 60_000.0  # an inline bound no batch passes: which path runs never depends on load
+BIG = INLINE_MAX_TOKENS + 1
+
+
+class LaneSpy(SumEngine):
+    """Records (engine, thread) per batch; its live_lane sibling shares the record. The
+    main engine sleeps ``delay_s`` on big batches (a busy GPU); the sibling ``lane_delay_s``."""
+
+    vocab_size = 1000
+
+    def __init__(self, delay_s: float = 0.0, lane_delay_s: float = 0.0, role: str = "main") -> None:
+        self.delay_s, self.lane_delay_s, self.role = delay_s, lane_delay_s, role
+        self.log: list[tuple[str, str, int]] = []
+        self.big_started = threading.Event()
+        self.warmed: list[int] = []
+        self.lane: LaneSpy | None = None
+
+    def live_lane(self, max_tokens: int) -> LaneSpy:
+        lane = LaneSpy(self.lane_delay_s, self.lane_delay_s, role=f"live<={max_tokens}")
+        lane.log = self.log
+        self.lane = lane
+        return lane
+
+    def warmup(self, buckets: list[int]) -> None:
+        self.warmed = buckets
+
+    def embed(self, ids: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
+        self.log.append((self.role, threading.current_thread().name, len(ids)))
+        if self.role == "main" and len(ids) > INLINE_MAX_TOKENS:
+            self.big_started.set()
+            time.sleep(self.delay_s)
+        elif self.role != "main":
+            time.sleep(self.delay_s)
+        return super().embed(ids, offsets)
+
+
+def test_ready_keeps_a_credit_and_says_how_large_a_live_batch_may_be() -> None:
+    engine = LaneSpy()
+    with serving(engine, "inproc://live-1", ANY_TIME_MS, 3, live_lane=True) as (_, _, server):
+        ready = server.ready_sent  # type: ignore[attr-defined]
+    assert (ready.credits, ready.live_credits, ready.live_tokens) == (3, 1, INLINE_MAX_TOKENS)
+    # The lane warmed up every bucket at start and ran one query-sized batch to time it.
+    assert engine.lane is not None and engine.lane.warmed == LIVE_BUCKETS
+    assert engine.log[:2] == [(f"live<={INLINE_MAX_TOKENS}", threading.main_thread().name, 16)] * 2
+
+
+def test_without_a_live_lane_ready_keeps_nothing() -> None:
+    with serving(LaneSpy(), "inproc://live-2", ANY_TIME_MS) as (_, _, server):
+        ready = server.ready_sent  # type: ignore[attr-defined]
+    assert (ready.live_credits, ready.live_tokens) == (0, 0)
+
+
+def test_small_batches_pass_a_busy_compute_thread_on_the_live_lane() -> None:
+    engine = LaneSpy(delay_s=0.5)
+    with serving(engine, "inproc://live-3", ANY_TIME_MS, 3, live_lane=True) as (
+        router,
+        identity,
+        server,
+    ):
+        router.send_multipart([identity, *encode(assign(1, BIG))])
+        assert engine.big_started.wait(10)  # the compute thread is inside the bulk batch
+        for batch_id in (2, 3, 4):
+            router.send_multipart([identity, *encode(assign(batch_id))])
+        replies = [next_reply(router) for _ in range(4)]
+    # The queries come back while the bulk batch still computes, and right.
+    assert [r.batch_id for r in replies] == [2, 3, 4, 1]
+    for r in replies[:3]:
+        assert isinstance(r, BatchResult)
+        want = (3.0 + r.batch_id) * np.arange(1, DIMS + 1)
+        np.testing.assert_allclose(r.embeddings[0][1], want)
+    ran = [(role, thread) for role, thread, tokens in engine.log[2:]]  # after the warm-up
+    lane = f"live<={INLINE_MAX_TOKENS}"
+    assert ran[0][0] == "main" and ran[0][1] != "broker-link"
+    assert ran[1:] == [(lane, "broker-link")] * 3
+    assert server.stats.live == 3 and server.stats.inline == 3 and server.stats.batches == 4
+
+
+@pytest.mark.parametrize(
+    ("why", "tokens", "lane_delay_s"),
+    [
+        ("over the lane's size", BIG, 0.0),
+        ("the lane took longer than the inline bound (its warm-up timed it)", 4, 0.05),
+    ],
+)
+def test_other_batches_still_go_through_the_compute_thread(
+    why: str, tokens: int, lane_delay_s: float
+) -> None:
+    engine = LaneSpy(lane_delay_s=lane_delay_s)
+    endpoint = f"inproc://live-4-{tokens}"
+    with serving(engine, endpoint, 10.0, 3, live_lane=True) as (router, identity, server):
+        for batch_id in (1, 2):
+            router.send_multipart([identity, *encode(assign(batch_id, tokens))])
+            assert isinstance(next_reply(router), BatchResult), why
+    threads = [thread for _, thread, _ in engine.log[2:]]
+    assert len(threads) == 2 and "broker-link" not in threads, why
+    assert server.stats.live == 0, why
+
+
+def test_a_live_lane_needs_two_credits() -> None:
+    ctx = zmq.Context()
+    try:
+        info = ModelInfo("m", [], DIMS, 4096, 1000, "mean", False, "0" * 64)
+        options = WorkerOptions("w", 1, 4096, 64, "cpu", live_lane=True)
+        with pytest.raises(ValueError, match="two credits"):
+            WorkerServer(ctx, LaneSpy(), info, b"{}", "inproc://x", options, Liveness())
+    finally:
+        ctx.destroy(linger=0)
