@@ -13,7 +13,8 @@
 #           default ingress processes and with one ($HOPS_PROCS: "default 1")
 #   mixed   MiniLM, bulk (32 clients x 64 texts) alone then with 10 live queries a second, per
 #           configuration of $MIXED_CONFIGS (';'-separated NAME=ENV|MESH_ARGS; default: the
-#           defaults, --credits 3, EMBEDMESH_BULK_NICE=10), $MIXED_SECONDS windows
+#           defaults (a live lane), without it, and without it at 3 credits holding two bulk
+#           batches while live), $MIXED_SECONDS windows
 #   families  issue 13: per family and output (random weights in the real shapes), tokens/s of
 #           the engine alone, through HTTP and of sentence-transformers on the same corpus texts,
 #           and tokens/s per FLOP against BERT-base / Qwen3-0.6B (bench/families.py): the
@@ -61,7 +62,7 @@ if has hops; then
 fi
 
 if has mixed; then
-  configs=${MIXED_CONFIGS:-"default=|;credits3=|--credits 3;nice10=EMBEDMESH_BULK_NICE=10|"}
+  configs=${MIXED_CONFIGS:-"default=|;no-lane=|--live-lane off;no-lane-c3=|--live-lane off --credits 3 --live-bulk-batches 2"}
   IFS=';' read -ra list <<<"$configs"
   for entry in "${list[@]}"; do
     name=${entry%%=*}; rest=${entry#*=}; envs=${rest%%|*}; margs=${rest#*|}
@@ -71,7 +72,7 @@ if has mixed; then
       --mode mixed --concurrency 32 --bulk-texts-per-request 64 --live-rate 10 \
       --procs 4 --duration "${MIXED_SECONDS:-10}" --warmup 4 \
       --json "$out/mixed-$name/mixed.json" >"$out/mixed-$name.log" 2>&1
-    echo "== $name"; grep "^mixed in" "$out/mixed-$name.log" | head -n 2
+    echo "== $name"; grep -E "^mixed in|^live hops in" "$out/mixed-$name.log" | head -n 3
   done
 fi
 

@@ -133,8 +133,16 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
 @click.option(
     "--credits",
     type=int,
-    default=config.WORKER_CREDITS,
-    help="[worker] Batches in flight at once (2 = one running, one prefetched).",
+    help=f"[worker] Batches in flight at once (default {config.WORKER_CREDITS}: one running, "
+    "one prefetched; one more with a live lane, which keeps it).",
+)
+@click.option(
+    "--live-lane",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    help="[worker] Run small batches (live queries) beside bulk, on a high-priority CUDA "
+    "stream with graphs of their own, keeping one credit for them, so a query does not wait "
+    "behind the bulk the worker holds. auto: on for CUDA workers, off on CPU.",
 )
 @click.option(
     "--max-batch-tokens",
@@ -239,6 +247,15 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     type=int,
     default=4,
     help="[ingress] Threads tokenizing off the event loop.",
+)
+@click.option(
+    "--ingress-nice",
+    type=click.IntRange(0, 19),
+    default=0,
+    help="[ingress, all] Run the ingress processes this much nicer (lower OS priority) than "
+    "the broker and workers, so that on a host whose cores the ingress tier saturates "
+    "(bulk tokenization) the mesh's own hops still get a core at once. 0..19; 5 is a "
+    "reasonable value beside a GPU worker (docs/gpu.md).",
 )
 @click.option(
     "--request-timeout",
@@ -352,7 +369,8 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
                 served_name=opts["served_name"],  # type: ignore[arg-type]
                 device=device,
                 dtype=opts["dtype"],  # type: ignore[arg-type]
-                credits=int(opts["credits"]),  # type: ignore[call-overload]
+                credits=opts["credits"],  # type: ignore[arg-type]
+                live_lane=str(opts["live_lane"]),
                 max_batch_tokens=opts["max_batch_tokens"],  # type: ignore[arg-type]
                 max_batch_requests=int(opts["max_batch_requests"]),  # type: ignore[call-overload]
                 threads=opts["threads"],  # type: ignore[arg-type]

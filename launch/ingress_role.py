@@ -84,6 +84,9 @@ def run_ingress_role(opts: dict, liveness: Liveness, security: Security) -> int:
 
     cfg = ingress_config(opts, liveness)
     connect = client_connector(security, "ingress")
+    nice = int(opts.get("ingress_nice") or 0)
+    if nice:  # lowering one's own priority needs no privilege
+        os.nice(nice)
 
     async def main() -> None:
         stop = asyncio.Event()

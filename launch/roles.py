@@ -11,7 +11,7 @@ from pathlib import Path
 
 import zmq
 
-from mesh.config import Liveness
+from mesh.config import WORKER_CREDITS, Liveness
 
 log = logging.getLogger("embedmesh.launch")
 
@@ -90,7 +90,7 @@ class WorkerConfig:
     served_name: str | None
     device: str
     dtype: str | None
-    credits: int
+    credits: int | None  # None: WORKER_CREDITS, one more with a live lane
     max_batch_tokens: int | None
     max_batch_requests: int
     threads: int | None
@@ -99,6 +99,15 @@ class WorkerConfig:
     warmup_buckets: list[int] | None = None  # CUDA graphs to capture at start
     kernels: str | None = None  # CUDA: "torch" | "compile" | "fused"; None: the engine's choice
     exact_gelu: bool = False  # CUDA fused BERT: erf GELU instead of the GEMM epilogue's tanh
+    live_lane: str = "auto"  # "on" | "off" | "auto" (on for CUDA): mesh.worker.live_lane
+
+
+def live_lane_on(choice: str, device_type: str) -> bool:
+    """``--live-lane``: "auto" is on for CUDA workers (on CPU two batches at once only share
+    the same cores)."""
+    if choice not in ("auto", "on", "off"):
+        raise ValueError(f"--live-lane must be auto, on or off, not {choice!r}")
+    return choice == "on" or (choice == "auto" and device_type == "cuda")
 
 
 def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> None:
@@ -151,9 +160,11 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         multivector_dims=card.multivector.out_features if card.multivector else 0,
         late_interaction=card.colbert.tokens if card.colbert else None,
     )
+    live = live_lane_on(cfg.live_lane, engine.device.type)
     options = WorkerOptions(
         name=f"{socket.gethostname()}:{cfg.device}",
-        credits=cfg.credits,
+        credits=cfg.credits if cfg.credits is not None else WORKER_CREDITS + live,
+        live_lane=live,
         max_batch_tokens=engine.max_batch_tokens,
         max_batch_requests=cfg.max_batch_requests,
         device=cfg.device,

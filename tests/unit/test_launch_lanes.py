@@ -1,0 +1,125 @@
+"""``mesh-launch``'s live-first knobs: ``--live-lane`` (on for CUDA workers by default, with one
+more credit for the lane) and ``--ingress-nice`` (the ingress processes run at a lower OS
+priority than the broker and workers), each reaching the role that uses it."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+import launch.roles as roles
+from launch.cli import main
+from mesh.config import WORKER_CREDITS, Liveness
+
+
+def _all_opts(*args: str) -> dict[str, Any]:
+    ctx = main.make_context("mesh-launch", ["--role", "all", *args])
+    return {k: v for k, v in ctx.params.items() if k != "role"}
+
+
+@pytest.mark.parametrize(
+    ("choice", "device", "on"),
+    [("auto", "cuda", True), ("auto", "cpu", False), ("on", "cpu", True), ("off", "cuda", False)],
+)
+def test_the_live_lane_is_on_for_cuda_workers_unless_told(choice: str, device: str, on: bool):
+    assert roles.live_lane_on(choice, device) is on
+
+
+def test_an_unknown_live_lane_choice_is_refused() -> None:
+    with pytest.raises(ValueError, match="auto, on or off"):
+        roles.live_lane_on("maybe", "cuda")
+
+
+class _Captured(Exception):
+    pass
+
+
+class _Engine:
+    def __init__(self, device: str) -> None:
+        self.device = torch.device(device)
+        self.max_batch_tokens = 16384
+        self.vocab_size = 30522
+        self.hidden_size = 384
+        self.card = _Card()
+
+
+class _Card:
+    name, aliases, dims, max_input_tokens = "m", (), 384, 512
+    pooling, normalize, tokenizer_digest, tokenizer_json = "mean", True, "0" * 64, b"{}"
+    prompts: dict[str, str] = {}
+    default_prompt_name, include_prompt, task, labels = None, True, "embed", ()
+    activation, dense, lexical, multivector, colbert = None, (), False, None, None
+
+
+@pytest.mark.parametrize(
+    ("device", "credits", "want"),
+    [
+        ("cuda", None, (WORKER_CREDITS + 1, True)),  # the lane keeps one more credit
+        ("cpu", None, (WORKER_CREDITS, False)),
+        ("cuda", 5, (5, True)),  # an explicit --credits is what the worker grants
+    ],
+)
+def test_a_worker_with_a_live_lane_grants_one_more_credit_by_default(
+    monkeypatch: pytest.MonkeyPatch, device: str, credits: int | None, want: tuple[int, bool]
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_server(ctx, engine, info, tokenizer, broker, options, liveness, connect):  # noqa: ANN001
+        seen["options"] = options
+        raise _Captured
+
+    monkeypatch.setattr("mesh.worker.engine.engine.Engine.load", lambda *a, **k: _Engine(device))
+    monkeypatch.setattr("mesh.worker.server.WorkerServer", fake_server)
+    cfg = roles.WorkerConfig(
+        broker="ipc:///t/b",
+        model=None,
+        served_name=None,
+        device=device,
+        dtype=None,
+        credits=credits,
+        max_batch_tokens=None,
+        max_batch_requests=64,
+        threads=None,
+    )
+    with pytest.raises(_Captured):
+        roles.run_worker(cfg, Liveness(), roles.Security())
+    assert (seen["options"].credits, seen["options"].live_lane) == want
+
+
+def test_live_lane_and_ingress_nice_reach_only_the_roles_that_use_them() -> None:
+    from launch.supervisor import role_commands
+
+    cmds = role_commands(
+        _all_opts("--ingress-procs", "2", "--live-lane", "off", "--ingress-nice", "5"),
+        "ipc:///t/front",
+        "ipc:///t/back",
+    )
+    worker, ingresses = cmds["worker-0"], [cmds["ingress-0"], cmds["ingress-1"]]
+    assert worker[worker.index("--live-lane") + 1] == "off"
+    assert "--credits" not in worker  # the worker picks its default, lane or not
+    assert "--ingress-nice" not in worker and "--ingress-nice" not in cmds["broker"]
+    for args in ingresses:
+        assert args[args.index("--ingress-nice") + 1] == "5" and "--live-lane" not in args
+
+
+def test_the_ingress_lowers_its_own_priority_before_it_serves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from launch.ingress_role import run_ingress_role
+
+    order: list[str] = []
+    monkeypatch.setattr(os, "nice", lambda n: order.append(f"nice {n}"))
+
+    async def fake_serve(cfg, stop, connect) -> None:  # noqa: ANN001
+        order.append("serve")
+
+    monkeypatch.setattr("mesh.ingress.server.serve", fake_serve)
+    opts = {k: v for k, v in main.make_context("mesh-launch", ["--role", "ingress"]).params.items()}
+    assert run_ingress_role({**opts, "ingress_nice": 7}, Liveness(), roles.Security()) == 0
+    assert order == ["nice 7", "serve"]
+    order.clear()
+    assert run_ingress_role(opts, Liveness(), roles.Security()) == 0
+    assert order == ["serve"]  # the default: the same priority as the rest of the mesh
