@@ -40,8 +40,11 @@ RATE_MIN_BATCH_TOKENS = 1024
 MODEL_FORGET_S = 600.0
 # Bulk tokenization threads of a client (the ingress) run this much nicer than live work, so
 # that a query's hops get the CPU first on a busy host (mesh/client/executor.py); 0..19, 0 = off.
-# EMBEDMESH_BULK_NICE overrides it.
-BULK_NICE = 0
+# EMBEDMESH_BULK_NICE overrides it. On (any value > 0) it also turns tokenizers' own thread pool
+# off: on the H200 host, eight ingress processes each running that pool on all 16 cores capped
+# bulk through HTTP at 3.5 M tok/s (MiniLM); without it 5.1 M, and the live p99 under that bulk
+# fell from 63 to 18 ms (docs/gpu.md). On the 2-core machine it changed nothing measurable.
+BULK_NICE = 10
 DEFAULT_REQUEST_TIMEOUT_S = 120.0  # client-side deadline when the caller gives none
 # Sparse (SPLADE) output: the (id, weight) pairs kept per input when a request names no top_k,
 # and the most it may ask for (proto_msgs.limits.MAX_SPARSE_TOP_K bounds the wire). A SPLADE

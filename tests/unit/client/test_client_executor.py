@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -96,3 +97,18 @@ def test_with_a_single_thread_the_bulk_nice_is_ignored_so_nothing_starves():
         )
     finally:
         pool.shutdown()
+
+
+def test_bulk_tokenization_is_niced_by_default_and_tokenizers_pool_turned_off(monkeypatch):
+    from mesh.client.tokenize import bulk_nice_from_env
+    from mesh.config import BULK_NICE
+
+    monkeypatch.delenv("EMBEDMESH_BULK_NICE", raising=False)
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    assert bulk_nice_from_env() == BULK_NICE > 0
+    # Eight ingress processes each running tokenizers' pool on every core oversubscribed the
+    # host; the executor's threads spread the work instead.
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM")
+    monkeypatch.setenv("EMBEDMESH_BULK_NICE", "0")
+    assert bulk_nice_from_env() == 0 and "TOKENIZERS_PARALLELISM" not in os.environ
