@@ -54,6 +54,11 @@ INLINE_MAX_MS = 10.0  # 0 turns the inline path off; 1..50 is reasonable
 # query's device time (0.3-1.5 ms on an H200) ends without the driver's wake-up after it.
 # Nothing else waits for the GIL then (the worker is idle). 0..0.005 is reasonable.
 INLINE_SPIN_S = 0.002
+# A live lane whose last batch ran over the inline bound (a GC pause, a burst of contention)
+# takes a batch again once its time is this old: nothing else re-times it, since the small
+# batches the compute thread runs meanwhile wait behind bulk and are not the lane's speed.
+# Without it one slow batch shut the lane for the worker's life. 0.2..10 is reasonable.
+LIVE_RETRY_S = 1.0
 
 
 class EmbeddingEngine(Protocol):
@@ -74,6 +79,7 @@ class WorkerOptions:
     # Run small batches beside bulk on a lane of their own (mesh.worker.live_lane), keeping
     # one of ``credits`` for it; needs an Engine (its live_lane sibling) and two credits.
     live_lane: bool = False
+    live_retry_s: float = LIVE_RETRY_S  # see LIVE_RETRY_S
     profile_out: str | None = None  # diagnostics: cProfile the compute loop, stats here
 
 
@@ -159,10 +165,11 @@ class WorkerServer:
         # The last small batch (<= INLINE_MAX_TOKENS): (tokens, compute ms); unknown at first,
         # so the first one (a cold start, maybe a graph capture) takes the threaded path.
         self._small: tuple[int, float] | None = None
+        self._small_at = 0.0  # time.monotonic() when _small was learned
         # The test hook hangs the compute loop, which the inline path would step around.
         self._inline_max_ms = 0.0 if options.test_hang_after is not None else options.inline_max_ms
         if self.live is not None:  # warmed up (its graphs captured): no cold start to fear
-            self._small = (16, self.live.warmup())
+            self._learn(16, self.live.warmup())
             log.info("live lane up: batches of at most %d tokens; 16 tokens in %.2f ms "
                      "(it takes batches while that scales within %.0f ms)",
                      live_tokens, self._small[1], self._inline_max_ms)  # fmt: skip
@@ -250,7 +257,9 @@ class WorkerServer:
         the link does not read or heartbeat.
         """
         with self._busy_lock:
-            live = self.live is not None and self._quick(item.batch, self.live.max_tokens)
+            live = self.live is not None and self._quick(
+                item.batch, self.live.max_tokens, self.options.live_retry_s
+            )
             idle = self._outstanding == 0
             inline = live or (idle and self._quick(item.batch, INLINE_MAX_TOKENS))
             self._outstanding += 1
@@ -289,14 +298,23 @@ class WorkerServer:
         self._answered()
         return frames
 
-    def _quick(self, batch: BatchAssign, max_tokens: int) -> bool:
+    def _quick(self, batch: BatchAssign, max_tokens: int, retry_s: float | None = None) -> bool:
         """Small enough for the link thread: at most ``max_tokens``, and the last batch run
-        there, scaled up to this one's tokens, computed within the inline bound."""
+        there, scaled up to this one's tokens, computed within the inline bound; or, with
+        ``retry_s``, that last time is older than it (so the lane is timed again)."""
         tokens = len(batch.token_ids)
         if tokens > max_tokens or self._small is None or self._stop.is_set():
             return False
         seen_tokens, seen_ms = self._small
-        return seen_ms * max(1.0, tokens / max(1, seen_tokens)) <= self._inline_max_ms
+        if seen_ms * max(1.0, tokens / max(1, seen_tokens)) <= self._inline_max_ms:
+            return True
+        stale = retry_s is not None and time.monotonic() - self._small_at >= retry_s
+        return stale and self._inline_max_ms > 0  # 0: the link thread runs nothing
+
+    def _learn(self, tokens: int, compute_ms: float) -> None:
+        """A small batch's time on the link thread: what ``_quick`` judges the next by."""
+        self._small = (tokens, compute_ms)
+        self._small_at = time.monotonic()
 
     def _answered(self) -> None:
         """A batch's reply is with the link: count progress, free the worker."""
@@ -369,7 +387,7 @@ class WorkerServer:
             groups, ms = (pipeline or self.pipeline).collect(launched, spin_s)
             timings = reply_timings(item.received_at, launched)
             if learn and len(item.batch.token_ids) <= INLINE_MAX_TOKENS:
-                self._small = (len(item.batch.token_ids), timings["worker_compute"])
+                self._learn(len(item.batch.token_ids), timings["worker_compute"])
             result = BatchResult(launched.batch_id, ms, groups, timings)
             return encode(result)
         except Exception as exc:  # a device fault surfaces here, at the wait

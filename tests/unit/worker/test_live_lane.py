@@ -108,13 +108,37 @@ def test_other_batches_still_go_through_the_compute_thread(
 ) -> None:
     engine = LaneSpy(lane_delay_s=lane_delay_s)
     endpoint = f"inproc://live-4-{tokens}"
-    with serving(engine, endpoint, 10.0, 3, live_lane=True) as (router, identity, server):
+    # No retry of a slow lane within the test (LIVE_RETRY_S): however slow the host.
+    with serving(engine, endpoint, 10.0, 3, live_lane=True, live_retry_s=ANY_TIME_MS) as (
+        router,
+        identity,
+        server,
+    ):
         for batch_id in (1, 2):
             router.send_multipart([identity, *encode(assign(batch_id, tokens))])
             assert isinstance(next_reply(router), BatchResult), why
     threads = [thread for _, thread, _ in engine.log[2:]]
     assert len(threads) == 2 and "broker-link" not in threads, why
     assert server.stats.live == 0, why
+
+
+def test_a_lane_found_slow_once_is_timed_again_instead_of_shut_for_good() -> None:
+    # Its warm-up ran over the bound (as one batch beside bulk may: a GC pause), so batches
+    # went to the compute thread, whose times (behind bulk) the lane does not learn from:
+    # without a retry nothing ever timed the lane again.
+    engine = LaneSpy(lane_delay_s=0.3)
+    with serving(engine, "inproc://live-5", 100.0, 3, live_lane=True, live_retry_s=0.0) as (
+        router,
+        identity,
+        server,
+    ):
+        assert engine.lane is not None
+        engine.lane.delay_s = 0.0  # the lane is quick again
+        for batch_id in (1, 2, 3):
+            router.send_multipart([identity, *encode(assign(batch_id))])
+            assert isinstance(next_reply(router), BatchResult)
+    threads = [thread for _, thread, _ in engine.log[2:]]
+    assert threads == ["broker-link"] * 3 and server.stats.live == 3
 
 
 def test_a_live_lane_needs_two_credits() -> None:
