@@ -317,10 +317,14 @@ class WorkerServer:
         self._small_at = time.monotonic()
 
     def _answered(self) -> None:
-        """A batch's reply is with the link: count progress, free the worker."""
-        self.stats.batches += 1
-        self.link.progress = self.stats.batches
-        self._track(-1)
+        """A batch's reply is with the link: count progress, free the worker. Under the lock:
+        with a live lane the link thread and the finisher answer at once, and a count both
+        read before either wrote it lost a batch (in the progress the heartbeats carry)."""
+        with self._busy_lock:
+            self.stats.batches += 1
+            self.link.progress = self.stats.batches
+            self._outstanding -= 1
+            self.link.busy = self._outstanding > 0
 
     def _launch(self, item: Incoming, pipeline: ResultPipeline) -> Launched | list[Any]:
         """Launch ``item`` on ``pipeline``'s engine, or the frames of its error reply."""

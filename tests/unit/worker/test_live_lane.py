@@ -15,7 +15,7 @@ import zmq
 
 from mesh.config import Liveness
 from mesh.worker.live_lane import LIVE_BUCKETS
-from mesh.worker.server import INLINE_MAX_TOKENS, WorkerOptions, WorkerServer
+from mesh.worker.server import INLINE_MAX_TOKENS, LoopStats, WorkerOptions, WorkerServer
 from proto_msgs import BatchResult, ModelInfo, encode
 from tests.unit.worker.worker_fakes import DIMS, SumEngine, assign, next_reply, serving
 
@@ -148,5 +148,39 @@ def test_a_live_lane_needs_two_credits() -> None:
         options = WorkerOptions("w", 1, 4096, 64, "cpu", live_lane=True)
         with pytest.raises(ValueError, match="two credits"):
             WorkerServer(ctx, LaneSpy(), info, b"{}", "inproc://x", options, Liveness())
+    finally:
+        ctx.destroy(linger=0)
+
+
+class _SlowCount(LoopStats):
+    """Reading the batch count lets another thread run, as a GIL switch between a read and
+    its write may."""
+
+    @property  # type: ignore[override]
+    def batches(self) -> int:
+        n = self._n
+        time.sleep(0.05)  # the other thread reads meanwhile
+        return n
+
+    @batches.setter
+    def batches(self, n: int) -> None:
+        self._n = n
+
+
+def test_the_link_thread_and_the_finisher_answering_at_once_count_both_batches() -> None:
+    ctx = zmq.Context()
+    try:
+        info = ModelInfo("m", [], DIMS, 4096, 1000, "mean", False, "0" * 64)
+        options = WorkerOptions("w", 3, 4096, 64, "cpu")
+        server = WorkerServer(ctx, SumEngine(), info, b"{}", "inproc://x", options, Liveness())
+        server.stats = _SlowCount()
+        server._outstanding = 2  # a live batch on the link thread, a bulk one in the finisher
+        threads = [threading.Thread(target=server._answered) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert server.stats.batches == server.link.progress == 2
+        assert server._outstanding == 0 and not server.link.busy
     finally:
         ctx.destroy(linger=0)
