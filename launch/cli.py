@@ -142,7 +142,8 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     default="auto",
     help="[worker] Run small batches (live queries) beside bulk, on a high-priority CUDA "
     "stream with graphs of their own, keeping one credit for them, so a query does not wait "
-    "behind the bulk the worker holds. auto: on for CUDA workers, off on CPU.",
+    "behind the bulk the worker holds. auto: on for CUDA workers (unless --credits 1, "
+    "which leaves it none), off on CPU.",
 )
 @click.option(
     "--max-batch-tokens",

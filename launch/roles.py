@@ -102,11 +102,15 @@ class WorkerConfig:
     live_lane: str = "auto"  # "on" | "off" | "auto" (on for CUDA): mesh.worker.live_lane
 
 
-def live_lane_on(choice: str, device_type: str) -> bool:
+def live_lane_on(choice: str, device_type: str, credits: int | None = None) -> bool:
     """``--live-lane``: "auto" is on for CUDA workers (on CPU two batches at once only share
-    the same cores)."""
+    the same cores) unless ``--credits`` leaves it none: a lane keeps one credit and bulk
+    needs another, and a worker asked for one credit ran before the lane existed."""
     if choice not in ("auto", "on", "off"):
         raise ValueError(f"--live-lane must be auto, on or off, not {choice!r}")
+    if choice == "auto" and device_type == "cuda" and credits is not None and credits < 2:
+        log.warning("--credits %d leaves a live lane no credit of its own: it stays off", credits)
+        return False
     return choice == "on" or (choice == "auto" and device_type == "cuda")
 
 
@@ -160,7 +164,7 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         multivector_dims=card.multivector.out_features if card.multivector else 0,
         late_interaction=card.colbert.tokens if card.colbert else None,
     )
-    live = live_lane_on(cfg.live_lane, engine.device.type)
+    live = live_lane_on(cfg.live_lane, engine.device.type, cfg.credits)
     options = WorkerOptions(
         name=f"{socket.gethostname()}:{cfg.device}",
         credits=cfg.credits if cfg.credits is not None else WORKER_CREDITS + live,

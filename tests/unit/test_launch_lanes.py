@@ -28,6 +28,13 @@ def test_the_live_lane_is_on_for_cuda_workers_unless_told(choice: str, device: s
     assert roles.live_lane_on(choice, device) is on
 
 
+def test_one_credit_turns_auto_off_but_not_an_explicit_on() -> None:
+    assert roles.live_lane_on("auto", "cuda", credits=1) is False
+    assert roles.live_lane_on("auto", "cuda", credits=2) is True
+    # "on" stays on: the worker then refuses to start, saying why (two credits at least).
+    assert roles.live_lane_on("on", "cuda", credits=1) is True
+
+
 def test_an_unknown_live_lane_choice_is_refused() -> None:
     with pytest.raises(ValueError, match="auto, on or off"):
         roles.live_lane_on("maybe", "cuda")
@@ -60,6 +67,7 @@ class _Card:
         ("cuda", None, (WORKER_CREDITS + 1, True)),  # the lane keeps one more credit
         ("cpu", None, (WORKER_CREDITS, False)),
         ("cuda", 5, (5, True)),  # an explicit --credits is what the worker grants
+        ("cuda", 1, (1, False)),  # one credit leaves "auto" no lane: it runs without one
     ],
 )
 def test_a_worker_with_a_live_lane_grants_one_more_credit_by_default(
