@@ -74,23 +74,25 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     type=click.FloatRange(min=0),
     default=config.LIVE_WINDOW_S,
     help="[broker] Seconds after an interactive request during which a model counts as "
-    "serving live traffic (and --live-bulk-batches applies).",
+    "serving live traffic (and --live-bulk-batches applies to its workers without a live "
+    "lane).",
 )
 @click.option(
     "--live-bulk-batches",
     type=click.FloatRange(min=0, min_open=True),
     default=config.LIVE_BULK_BATCHES,
-    help="[broker] While live traffic is about, the batch-lane tokens a worker may hold, in "
-    "its batch budgets: 1 = a query waits behind about one batch; the worker's --credits "
-    "turns the cap off (bulk throughput first).",
+    help="[broker] While live traffic is about, the batch-lane tokens a worker without a live "
+    "lane (a CPU worker, or --live-lane off) may hold, in its batch budgets: 1 = a query "
+    "waits behind about one batch; the worker's --credits turns the cap off (bulk throughput "
+    "first). A worker with a live lane is not capped: its queries run beside its bulk.",
 )
 @click.option(
     "--live-bulk-ms",
     type=click.FloatRange(min=0, min_open=True),
     default=config.LIVE_BULK_MS,
-    help="[broker] While live traffic is about, the batch-lane work a worker may hold, in "
-    "milliseconds of its compute (learned from its large batches): on a CPU, where one full "
-    "batch takes over a second, this is what keeps a query's wait short.",
+    help="[broker] While live traffic is about, the batch-lane work a worker without a live "
+    "lane may hold, in milliseconds of its compute (learned from its large batches): on a "
+    "CPU, where one full batch takes over a second, this is what keeps a query's wait short.",
 )
 @click.option(
     "--hang-timeout",
