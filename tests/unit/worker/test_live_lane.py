@@ -25,7 +25,8 @@ BIG = INLINE_MAX_TOKENS + 1
 
 class LaneSpy(SumEngine):
     """Records (engine, thread) per batch; its live_lane sibling shares the record. The
-    main engine sleeps ``delay_s`` on big batches (a busy GPU); the sibling ``lane_delay_s``."""
+    main engine holds a big batch (a busy GPU) until ``release`` is set, ``delay_s`` at most;
+    the sibling sleeps ``lane_delay_s`` on every batch."""
 
     vocab_size = 1000
 
@@ -33,6 +34,7 @@ class LaneSpy(SumEngine):
         self.delay_s, self.lane_delay_s, self.role = delay_s, lane_delay_s, role
         self.log: list[tuple[str, str, int]] = []
         self.big_started = threading.Event()
+        self.release = threading.Event()
         self.warmed: list[int] = []
         self.lane: LaneSpy | None = None
 
@@ -49,7 +51,7 @@ class LaneSpy(SumEngine):
         self.log.append((self.role, threading.current_thread().name, len(ids)))
         if self.role == "main" and len(ids) > INLINE_MAX_TOKENS:
             self.big_started.set()
-            time.sleep(self.delay_s)
+            self.release.wait(self.delay_s)
         elif self.role != "main":
             time.sleep(self.delay_s)
         return super().embed(ids, offsets)
@@ -72,7 +74,7 @@ def test_without_a_live_lane_ready_keeps_nothing() -> None:
 
 
 def test_small_batches_pass_a_busy_compute_thread_on_the_live_lane() -> None:
-    engine = LaneSpy(delay_s=0.5)
+    engine = LaneSpy(delay_s=30.0)  # the bulk batch ends when the queries are answered
     with serving(engine, "inproc://live-3", ANY_TIME_MS, 3, live_lane=True) as (
         router,
         identity,
@@ -80,9 +82,13 @@ def test_small_batches_pass_a_busy_compute_thread_on_the_live_lane() -> None:
     ):
         router.send_multipart([identity, *encode(assign(1, BIG))])
         assert engine.big_started.wait(10)  # the compute thread is inside the bulk batch
-        for batch_id in (2, 3, 4):
-            router.send_multipart([identity, *encode(assign(batch_id))])
-        replies = [next_reply(router) for _ in range(4)]
+        try:
+            for batch_id in (2, 3, 4):
+                router.send_multipart([identity, *encode(assign(batch_id))])
+            replies = [next_reply(router) for _ in range(3)]
+        finally:
+            engine.release.set()
+        replies.append(next_reply(router))
     # The queries come back while the bulk batch still computes, and right.
     assert [r.batch_id for r in replies] == [2, 3, 4, 1]
     for r in replies[:3]:
