@@ -15,6 +15,9 @@
 #           configuration of $MIXED_CONFIGS (';'-separated NAME=ENV|MESH_ARGS; default: the
 #           defaults (a live lane), without it, and without it at 3 credits holding two bulk
 #           batches while live), $MIXED_SECONDS windows
+#   models  builds BERT-base and Qwen3-0.6B shapes (random weights) in /tmp/models/bert-base
+#           and /tmp/models/qwen3-0.6b, for MIXED_MODEL (default .carry/minilm, served as
+#           $MIXED_MODEL_NAME, default all-MiniLM-L6-v2)
 #   families  issue 13: per family and output (random weights in the real shapes), tokens/s of
 #           the engine alone, through HTTP and of sentence-transformers on the same corpus texts,
 #           and tokens/s per FLOP against BERT-base / Qwen3-0.6B (bench/families.py): the
@@ -27,7 +30,7 @@ mkdir -p "$out"
 cd "$(dirname "$0")/.."
 has() { [[ ",$stages," == *",$1,"* ]]; }
 
-(for d in 64 128; do python3 tests/gpu/jit_warm.py $d >"$out/jit-$d.log" 2>&1 & done; wait)
+[ -n "${SKIP_JIT:-}" ] || (for d in 64 128; do python3 tests/gpu/jit_warm.py $d >"$out/jit-$d.log" 2>&1 & done; wait)
 
 if has tests; then
   python3 -m pytest -q -s -p no:cacheprovider -o addopts="" tests/gpu ${GPU_TESTS:+-k "$GPU_TESTS"} \
@@ -61,14 +64,24 @@ if has hops; then
   done
 fi
 
+if has models; then  # BERT-base and Qwen3-0.6B shapes, random weights, MiniLM's tokenizer
+  python3 - <<'PY'
+from pathlib import Path
+from bench.family_models import FAMILIES, build
+for family, name in (("bert", "bert-base"), ("qwen3", "qwen3-0.6b")):
+    build(FAMILIES[family], Path("/tmp/models") / name, quick=False, device="cuda")
+PY
+fi
+
 if has mixed; then
+  mmodel=${MIXED_MODEL:-.carry/minilm}; mname=${MIXED_MODEL_NAME:-all-MiniLM-L6-v2}
   configs=${MIXED_CONFIGS:-"default=|;no-lane=|--live-lane off;no-lane-c3=|--live-lane off --credits 3 --live-bulk-batches 2"}
   IFS=';' read -ra list <<<"$configs"
   for entry in "${list[@]}"; do
     name=${entry%%=*}; rest=${entry#*=}; envs=${rest%%|*}; margs=${rest#*|}
     env $envs python3 -m bench.cli --no-baseline --engine-budgets '' \
-      --spawn "--device cuda --model .carry/minilm --warmup-buckets 16,32,64,128,256 $margs" \
-      --model-name all-MiniLM-L6-v2 --encoding-format base64 \
+      --spawn "--device cuda --model $mmodel --warmup-buckets 16,32,64,128,256 $margs" \
+      --model-name "$mname" --encoding-format base64 \
       --mode mixed --concurrency 32 --bulk-texts-per-request 64 --live-rate 10 \
       --procs 4 --duration "${MIXED_SECONDS:-10}" --warmup 4 \
       --json "$out/mixed-$name/mixed.json" >"$out/mixed-$name.log" 2>&1
