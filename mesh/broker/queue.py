@@ -292,11 +292,16 @@ class Queue:
         CUDA stream of its own: a query there does not wait behind bulk, so the lanes never
         share a batch and no cap on held bulk is needed.
 
-        Interactive work goes first, in batches of at most ``live_tokens`` (a longer head goes
-        alone, and the worker runs it on its bulk path). Batch-lane work takes the whole budget
-        but only when ``bulk_allowed`` (the caller: the worker has a credit free beyond the
-        ones it keeps for its live lane). A batch-lane head that has waited ``aging_s`` goes
-        before waiting interactive work, so a flood of queries cannot starve bulk either.
+        Interactive work goes first. On the credit kept for the lane (``bulk_allowed`` False:
+        the worker has no other free) it goes in batches of at most ``live_tokens`` (a longer
+        head goes alone, and the worker runs it on its bulk path); on another credit in full
+        batches, so that a flood of small requests on the interactive lane (what a client
+        sends by default) still fills the device through the compute thread instead of
+        running as lane-sized batches one after another; a lone query is small either way,
+        and the worker runs it on the lane. Batch-lane work takes the whole budget, only when
+        ``bulk_allowed`` (the caller: the worker has a credit free beyond the ones it keeps
+        for its live lane). A batch-lane head that has waited ``aging_s`` goes before waiting
+        interactive work, so a flood of queries cannot starve bulk either.
         """
         if max_batch_tokens < 1 or max_batch_requests < 1 or live_tokens < 1:
             raise ValueError("a batch budget needs at least one token and one sequence")
@@ -307,8 +312,8 @@ class Queue:
         head = self._head(mq, Lane.BATCH, now, batch) if bulk_allowed else None
         aged = head is not None and now - head.request.submitted_at >= self.aging_s
         if not aged:
-            live = min(live_tokens, max_batch_tokens)
-            self._take(mq, Lane.INTERACTIVE, live, max_batch_requests, max_batch_tokens, now, batch)
+            cut = max_batch_tokens if bulk_allowed else min(live_tokens, max_batch_tokens)
+            self._take(mq, Lane.INTERACTIVE, cut, max_batch_requests, max_batch_tokens, now, batch)
         if not batch.slices and bulk_allowed:
             self._take(
                 mq, Lane.BATCH, max_batch_tokens, max_batch_requests, max_batch_tokens, now, batch

@@ -465,15 +465,27 @@ def test_with_a_live_lane_bulk_waits_for_a_credit_beyond_the_lanes(make_request)
     assert spans(batch) == [(2, 0, 1)]
 
 
-def test_with_a_live_lane_interactive_batches_are_cut_at_its_size(make_request):
+def test_with_a_live_lane_interactive_batches_are_cut_at_its_size_on_its_credit(make_request):
     queue = Queue(BIG, aging_s=10.0)
     queue.submit(make_request([20, 20, 20]), now=0.0)
     queue.submit(make_request([80]), now=0.0)  # longer than the lane: goes alone, whole
     cuts = [
-        spans(queue.form_lane_batch("m", 100, 100, now=0.0, live_tokens=50, bulk_allowed=True))
+        spans(queue.form_lane_batch("m", 100, 100, now=0.0, live_tokens=50, bulk_allowed=False))
         for _ in range(3)
     ]
     assert cuts == [[(1, 0, 2)], [(1, 2, 3)], [(2, 0, 1)]]
+
+
+def test_with_a_live_lane_a_flood_of_queries_fills_whole_batches_on_other_credits(make_request):
+    queue = Queue(BIG, aging_s=10.0)
+    for _ in range(6):
+        queue.submit(make_request([20]), now=0.0)
+    # A credit beyond the lane's: the whole budget, as bulk would get (the compute thread).
+    batch = queue.form_lane_batch("m", 100, 100, now=0.0, live_tokens=50, bulk_allowed=True)
+    assert batch.tokens == 100 and batch.bulk_tokens == 0
+    # The lane's own credit: cut at its size.
+    batch = queue.form_lane_batch("m", 100, 100, now=0.0, live_tokens=50, bulk_allowed=False)
+    assert batch.tokens == 20
 
 
 def test_with_a_live_lane_an_aged_bulk_head_goes_before_waiting_queries(make_request):
