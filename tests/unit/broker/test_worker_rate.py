@@ -40,3 +40,15 @@ def test_a_nonsense_compute_time_reaches_clients_as_unknown(compute_ms):
     [(_, chunk)] = h.front.take(RequestResult)
     # The ingress turns it into x-inference-time with int(): NaN or inf would be a 500 there.
     assert chunk.compute_ms == 0.0
+
+
+def test_a_live_lanes_batches_do_not_teach_the_rate_larger_ones_do():
+    from mesh.broker.registry import WorkerState
+    from tests.unit.broker.fakes import card
+
+    worker = WorkerState(b"w", "w", card(), 16384, 64, 3, 3, "cuda", 0.0, 3.0)
+    worker.live_tokens = 1024
+    worker.note_compute(1024, 1.0)  # a lane batch, timed beside bulk
+    assert worker.rate == 0.0
+    worker.note_compute(16384, 4.0)
+    assert worker.rate == 16384 / 0.004
