@@ -281,15 +281,20 @@ class WorkerServer:
         # Spin on the result only when nothing else runs: spinning holds the GIL, which the
         # compute thread needs while bulk is in flight.
         spin = INLINE_SPIN_S if idle else 0.0
-        with place:
-            launched = self._launch(item, pipeline)
-            launch_end = time.perf_counter()
-            self.stats.launch_s += launch_end - started
-            frames = (
-                launched
-                if isinstance(launched, list)
-                else self._collect(item, launched, spin, pipeline, learn=True)
-            )
+        launch_end = started
+        try:
+            with place:
+                launched = self._launch(item, pipeline)
+                launch_end = time.perf_counter()
+                self.stats.launch_s += launch_end - started
+                frames = (
+                    launched
+                    if isinstance(launched, list)
+                    else self._collect(item, launched, spin, pipeline, learn=True)
+                )
+        except Exception as exc:  # entering the stream or device (launch and collect catch theirs)
+            log.exception("batch %d failed on the link thread", item.batch.batch_id)
+            frames = encode(BatchError(item.batch.batch_id, ErrorCode.INTERNAL, repr(exc), True))
         self.stats.collect_s += time.perf_counter() - launch_end
         self.stats.inline += 1
         self.stats.live += live
@@ -364,13 +369,16 @@ class WorkerServer:
                     else self._collect(item, launched, learn=self.live is None)
                 )
                 collected = time.perf_counter()
+                # Counted before the hand-off, as the link thread's own answers are: the next
+                # batch can arrive the moment this reply leaves, and must find the worker idle
+                # (the inline path) if this was all it held.
+                self._answered()
                 try:
                     sender.send_multipart([str(item.epoch).encode(), *frames], copy=False)
                 except zmq.ZMQError:  # lost reply: the broker's batch deadline requeues it
                     log.exception("could not hand batch results to the link")
                 self.stats.collect_s += collected - started
                 self.stats.send_s += time.perf_counter() - collected
-                self._answered()
         finally:
             self.stats.cpu_s["finisher"] = time.thread_time()
             sender.close(linger=0)

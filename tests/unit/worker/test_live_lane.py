@@ -190,3 +190,30 @@ def test_the_link_thread_and_the_finisher_answering_at_once_count_both_batches()
         assert server._outstanding == 0 and not server.link.busy
     finally:
         ctx.destroy(linger=0)
+
+
+def test_a_lane_that_cannot_be_entered_answers_a_retryable_error_and_frees_the_worker() -> None:
+    import contextlib
+
+    from proto_msgs import BatchError, ErrorCode
+
+    @contextlib.contextmanager
+    def broken():  # e.g. the device gone when the stream is made current
+        raise RuntimeError("CUDA error: device unavailable")
+        yield
+
+    engine = LaneSpy()
+    with serving(engine, "inproc://live-9", ANY_TIME_MS, 3, live_lane=True) as (
+        router,
+        identity,
+        server,
+    ):
+        server.live.running = broken  # type: ignore[union-attr, method-assign]
+        router.send_multipart([identity, *encode(assign(1))])
+        reply = next_reply(router)
+        assert isinstance(reply, BatchError) and reply.batch_id == 1
+        assert reply.code == ErrorCode.INTERNAL and reply.retryable
+        server.live.running = contextlib.nullcontext  # type: ignore[union-attr, method-assign]
+        router.send_multipart([identity, *encode(assign(2))])
+        assert isinstance(next_reply(router), BatchResult)  # nothing was left held
+    assert server.stats.batches == 2 and not server.link.busy
