@@ -240,7 +240,7 @@ def bench_mesh(
     out: Path,
     sizes: list[int],
     kernels: str,
-    credits: int = 2,
+    credits: int | None = None,
     profile_worker: bool = False,
 ) -> dict:
     """Broker + worker subprocesses, ``MeshClient.embed_tokens`` requests of ``sizes[0]``
@@ -288,8 +288,7 @@ def bench_mesh(
                 "--warmup-buckets",
                 "16,64,256",
                 *([] if kernels == "default" else ["--kernels", kernels]),
-                "--credits",
-                str(credits),
+                *([] if credits is None else ["--credits", str(credits)]),
                 *(
                     ["--profile-out", str(out / f"worker-{path.name}.prof")]
                     if profile_worker
@@ -393,7 +392,11 @@ def main() -> None:
         default="default",
         help="engine kernels: default (the engine's choice), torch, compile, fused",
     )
-    ap.add_argument("--credits", type=int, default=2, help="the mesh worker's credits")
+    ap.add_argument(
+        "--credits",
+        type=int,
+        help="the mesh worker's credits (default: the worker's own, 3 with its live lane)",
+    )
     ap.add_argument("--profile-worker", action="store_true", help="cProfile the mesh worker")
     ap.add_argument(
         "--per-request", default="16,64", help="texts per mesh request; the first is reported"

@@ -516,8 +516,9 @@ class WorkerReady(Message):
     # Of ``credits``, how many are kept for its live lane: small batches (of at most
     # ``live_tokens``) it runs beside its bulk work, on a CUDA stream of their own, so that a
     # query does not wait behind the bulk batches it holds. The broker then never mixes the
-    # lanes in one batch, cuts interactive batches at ``live_tokens`` and gives batch-lane work
-    # only the other credits. 0: no live lane (a CPU worker; one from before the field).
+    # lanes in one batch, cuts interactive batches at ``live_tokens`` on the lane's credit and
+    # gives batch-lane work only the other credits. 0: no live lane (a CPU worker; one from
+    # before the field).
     live_credits: int = 0
     live_tokens: int = 0
 

@@ -104,7 +104,10 @@ def test_bulk_tokenization_is_niced_by_default_and_tokenizers_pool_turned_off(mo
     from mesh.config import BULK_NICE
 
     monkeypatch.delenv("EMBEDMESH_BULK_NICE", raising=False)
-    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    # Set then removed, so that monkeypatch restores its absence (delenv of an unset variable
+    # records nothing, and the call below would leave it set for the rest of the session).
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "unset")
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM")
     assert bulk_nice_from_env() == BULK_NICE > 0
     # Eight ingress processes each running tokenizers' pool on every core oversubscribed the
     # host; the executor's threads spread the work instead.
