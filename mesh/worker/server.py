@@ -59,6 +59,13 @@ INLINE_SPIN_S = 0.002
 # batches the compute thread runs meanwhile wait behind bulk and are not the lane's speed.
 # Without it one slow batch shut the lane for the worker's life. 0.2..10 is reasonable.
 LIVE_RETRY_S = 1.0
+# A live lane takes a batch while batches its size took at most this long there (scaled by
+# tokens): longer than INLINE_MAX_MS, because the alternative is not a thread hand-off but a
+# wait behind the bulk batches the worker holds (with a lane the broker caps none), which for
+# a large model is hundreds of ms. What it costs: the link thread forwards no bulk reply (no
+# credit) meanwhile. Measured lane batches: 1-5 ms on an H200 for MiniLM. 10..200 is
+# reasonable.
+LIVE_MAX_MS = 50.0
 
 
 class EmbeddingEngine(Protocol):
@@ -80,6 +87,7 @@ class WorkerOptions:
     # one of ``credits`` for it; needs an Engine (its live_lane sibling) and two credits.
     live_lane: bool = False
     live_retry_s: float = LIVE_RETRY_S  # see LIVE_RETRY_S
+    live_max_ms: float = LIVE_MAX_MS  # see LIVE_MAX_MS
     profile_out: str | None = None  # diagnostics: cProfile the compute loop, stats here
 
 
@@ -168,11 +176,13 @@ class WorkerServer:
         self._small_at = 0.0  # time.monotonic() when _small was learned
         # The test hook hangs the compute loop, which the inline path would step around.
         self._inline_max_ms = 0.0 if options.test_hang_after is not None else options.inline_max_ms
+        # The inline path off (0) turns the lane's use off too: every batch to the compute thread.
+        self._live_max_ms = options.live_max_ms if self._inline_max_ms > 0 else 0.0
         if self.live is not None:  # warmed up (its graphs captured): no cold start to fear
             self._learn(16, self.live.warmup())
             log.info("live lane up: batches of at most %d tokens; 16 tokens in %.2f ms "
                      "(it takes batches while that scales within %.0f ms)",
-                     live_tokens, self._small[1], self._inline_max_ms)  # fmt: skip
+                     live_tokens, self._small[1], self._live_max_ms)  # fmt: skip
         self.stats = LoopStats()
         self._stop = threading.Event()
 
@@ -258,10 +268,11 @@ class WorkerServer:
         """
         with self._busy_lock:
             live = self.live is not None and self._quick(
-                item.batch, self.live.max_tokens, self.options.live_retry_s
+                item.batch, self.live.max_tokens, self._live_max_ms, self.options.live_retry_s
             )
             idle = self._outstanding == 0
-            inline = live or (idle and self._quick(item.batch, INLINE_MAX_TOKENS))
+            quick = idle and self._quick(item.batch, INLINE_MAX_TOKENS, self._inline_max_ms)
+            inline = live or quick
             self._outstanding += 1
             self.link.busy = True
         if not inline:
@@ -303,7 +314,9 @@ class WorkerServer:
         self._answered()
         return frames
 
-    def _quick(self, batch: BatchAssign, max_tokens: int, retry_s: float | None = None) -> bool:
+    def _quick(
+        self, batch: BatchAssign, max_tokens: int, bound_ms: float, retry_s: float | None = None
+    ) -> bool:
         """Small enough for the link thread: at most ``max_tokens``, and the last batch run
         there, scaled up to this one's tokens, computed within the inline bound; or, with
         ``retry_s``, that last time is older than it (so the lane is timed again)."""
@@ -311,10 +324,10 @@ class WorkerServer:
         if tokens > max_tokens or self._small is None or self._stop.is_set():
             return False
         seen_tokens, seen_ms = self._small
-        if seen_ms * max(1.0, tokens / max(1, seen_tokens)) <= self._inline_max_ms:
+        if seen_ms * max(1.0, tokens / max(1, seen_tokens)) <= bound_ms:
             return True
         stale = retry_s is not None and time.monotonic() - self._small_at >= retry_s
-        return stale and self._inline_max_ms > 0  # 0: the link thread runs nothing
+        return stale and bound_ms > 0  # 0: the link thread runs nothing
 
     def _learn(self, tokens: int, compute_ms: float) -> None:
         """A small batch's time on the link thread: what ``_quick`` judges the next by."""

@@ -115,7 +115,8 @@ def test_other_batches_still_go_through_the_compute_thread(
     engine = LaneSpy(lane_delay_s=lane_delay_s)
     endpoint = f"inproc://live-4-{tokens}"
     # No retry of a slow lane within the test (LIVE_RETRY_S): however slow the host.
-    with serving(engine, endpoint, 10.0, 3, live_lane=True, live_retry_s=ANY_TIME_MS) as (
+    options = {"live_retry_s": ANY_TIME_MS, "live_max_ms": 10.0}
+    with serving(engine, endpoint, 10.0, 3, live_lane=True, **options) as (
         router,
         identity,
         server,
@@ -217,3 +218,27 @@ def test_a_lane_that_cannot_be_entered_answers_a_retryable_error_and_frees_the_w
         router.send_multipart([identity, *encode(assign(2))])
         assert isinstance(next_reply(router), BatchResult)  # nothing was left held
     assert server.stats.batches == 2 and not server.link.busy
+
+
+def test_the_lane_takes_batches_slower_than_the_idle_inline_bound() -> None:
+    # A large model's query (30 ms here) is over INLINE_MAX_MS but under the lane's bound:
+    # it runs on the lane rather than behind the bulk batches the worker holds.
+    engine = LaneSpy(lane_delay_s=0.03)
+    with serving(engine, "inproc://live-10", 10.0, 3, live_lane=True, live_max_ms=ANY_TIME_MS) as (
+        router,
+        identity,
+        server,
+    ):
+        router.send_multipart([identity, *encode(assign(1))])
+        assert isinstance(next_reply(router), BatchResult)
+    assert [thread for _, thread, _ in engine.log[2:]] == ["broker-link"]
+    assert server.stats.live == 1
+
+
+def test_with_the_inline_path_off_the_lane_runs_nothing() -> None:
+    engine = LaneSpy()
+    with serving(engine, "inproc://live-11", 0.0, 3, live_lane=True) as (router, identity, server):
+        router.send_multipart([identity, *encode(assign(1))])
+        assert isinstance(next_reply(router), BatchResult)
+    assert "broker-link" not in [thread for _, thread, _ in engine.log[2:]]
+    assert server.stats.live == 0
