@@ -7,7 +7,9 @@ output groups' post-processing (Matryoshka prefix, normalization, quantization; 
 them and hands them back to the link over inproc. So (de)serialization and the next batch's
 preparation overlap the device's work. An idle worker runs a small, quick batch (a live
 query) on the link thread from end to end instead, sparing it three thread hand-offs
-(:meth:`WorkerServer._accept`).
+(:meth:`WorkerServer._accept`). With a live lane (:mod:`mesh.worker.live_lane`), every
+batch of the lane's size runs on the lane, busy or idle: on the link thread when quick and
+the lane is free, else on the lane's own thread.
 """
 
 from __future__ import annotations
@@ -59,13 +61,6 @@ INLINE_SPIN_S = 0.002
 # batches the compute thread runs meanwhile wait behind bulk and are not the lane's speed.
 # Without it one slow batch shut the lane for the worker's life. 0.2..10 is reasonable.
 LIVE_RETRY_S = 1.0
-# A live lane takes a batch while batches its size took at most this long there (scaled by
-# tokens): longer than INLINE_MAX_MS, because the alternative is not a thread hand-off but a
-# wait behind the bulk batches the worker holds (with a lane the broker caps none), which for
-# a large model is hundreds of ms. What it costs: the link thread forwards no bulk reply (no
-# credit) meanwhile. Measured lane batches: 1-5 ms on an H200 for MiniLM. 10..200 is
-# reasonable.
-LIVE_MAX_MS = 50.0
 
 
 class EmbeddingEngine(Protocol):
@@ -87,7 +82,6 @@ class WorkerOptions:
     # one of ``credits`` for it; needs an Engine (its live_lane sibling) and two credits.
     live_lane: bool = False
     live_retry_s: float = LIVE_RETRY_S  # see LIVE_RETRY_S
-    live_max_ms: float = LIVE_MAX_MS  # see LIVE_MAX_MS
     profile_out: str | None = None  # diagnostics: cProfile the compute loop, stats here
 
 
@@ -150,6 +144,10 @@ class WorkerServer:
             raise ValueError("a live lane needs two credits at least: one for it, one for bulk")
         live_tokens = min(INLINE_MAX_TOKENS, options.max_batch_tokens)
         self.live = LiveLane(engine, live_tokens) if options.live_lane else None
+        self._lane_lock = threading.Lock()  # the lane's engine: one batch at a time
+        self._lane_queue: queue.Queue[Incoming | None] | None = (
+            queue.Queue() if self.live is not None else None
+        )
         ready = WorkerReady(
             name=options.name,
             model=model,
@@ -176,13 +174,11 @@ class WorkerServer:
         self._small_at = 0.0  # time.monotonic() when _small was learned
         # The test hook hangs the compute loop, which the inline path would step around.
         self._inline_max_ms = 0.0 if options.test_hang_after is not None else options.inline_max_ms
-        # The inline path off (0) turns the lane's use off too: every batch to the compute thread.
-        self._live_max_ms = options.live_max_ms if self._inline_max_ms > 0 else 0.0
         if self.live is not None:  # warmed up (its graphs captured): no cold start to fear
             self._learn(16, self.live.warmup())
             log.info("live lane up: batches of at most %d tokens; 16 tokens in %.2f ms "
-                     "(it takes batches while that scales within %.0f ms)",
-                     live_tokens, self._small[1], self._live_max_ms)  # fmt: skip
+                     "(on the link thread while that scales within %.0f ms, else its own)",
+                     live_tokens, self._small[1], self._inline_max_ms)  # fmt: skip
         self.stats = LoopStats()
         self._stop = threading.Event()
 
@@ -209,6 +205,10 @@ class WorkerServer:
         self.link.start()
         finisher = threading.Thread(target=self._finish_loop, name="finisher", daemon=True)
         finisher.start()
+        lane = None
+        if self._lane_queue is not None:
+            lane = threading.Thread(target=self._lane_loop, name="live-lane", daemon=True)
+            lane.start()
         launched = 0
         cpu_at_start = time.thread_time()
         profile = cProfile.Profile() if self.options.profile_out else None
@@ -241,6 +241,10 @@ class WorkerServer:
                 profile.disable()
             self._done.put(None)
             finisher.join(timeout=10)
+            if lane is not None:
+                assert self._lane_queue is not None
+                self._lane_queue.put(None)
+                lane.join(timeout=10)
             self.link.stop()
             self.stats.cpu_s["link"] = self.link.cpu_s
             sys.setswitchinterval(switch)
@@ -256,9 +260,10 @@ class WorkerServer:
 
     def _accept(self, item: Incoming) -> list[Any] | None:
         """Link thread, each batch: queue it for the compute loop, or run it here and return
-        its reply frames for the link to send. Here run a small, quick batch on the live lane
-        (busy or not: :mod:`mesh.worker.live_lane`), and, without a live lane, one that finds
-        the worker idle.
+        its reply frames for the link to send. With a live lane (:mod:`mesh.worker.live_lane`)
+        every batch of its size runs there, busy or not: here when quick and the lane free,
+        else on the lane's own thread (``_lane_loop``), never behind bulk. Without one, a
+        small, quick batch that finds the worker idle runs here.
 
         An idle query then wakes one thread instead of four (link → compute → finisher →
         link): each hand-off woke a sleeping thread, whose first microseconds run several
@@ -267,17 +272,46 @@ class WorkerServer:
         the link does not read or heartbeat.
         """
         with self._busy_lock:
-            live = self.live is not None and self._quick(
-                item.batch, self.live.max_tokens, self._live_max_ms, self.options.live_retry_s
+            lane = self._lane_takes(item.batch)
+            live = lane and self._quick(
+                item.batch, self.live.max_tokens, self._inline_max_ms, self.options.live_retry_s
             )
             idle = self._outstanding == 0
             quick = idle and self._quick(item.batch, INLINE_MAX_TOKENS, self._inline_max_ms)
-            inline = live or quick
             self._outstanding += 1
             self.link.busy = True
-        if not inline:
-            self.link.batches.put(item)
+        # The lane's engine runs one batch at a time: the link thread takes it only when the
+        # lane thread is not inside one.
+        if live and self._lane_lock.acquire(blocking=False):
+            try:
+                return self._run_here(item, live=True, spin=idle)
+            finally:
+                self._lane_lock.release()
+        if lane:  # too slow for the link thread, or the lane busy: its own thread, not bulk's
+            assert self._lane_queue is not None
+            self._lane_queue.put(item)
             return None
+        if quick:
+            return self._run_here(item, live=False, spin=True)
+        self.link.batches.put(item)
+        return None
+
+    def _lane_takes(self, batch: BatchAssign) -> bool:
+        """Whether ``batch`` runs on the live lane (on this thread or the lane's): small
+        enough, and the link thread allowed to run batches at all (inline bound > 0)."""
+        assert self.live is None or self._lane_queue is not None
+        return (
+            self.live is not None
+            and len(batch.token_ids) <= self.live.max_tokens
+            and self._inline_max_ms > 0
+            and not self._stop.is_set()
+        )
+
+    def _run_here(self, item: Incoming, live: bool, spin: bool) -> list[Any]:
+        """Run ``item`` to its reply frames on the calling thread (the link's or the lane's),
+        on the lane (``live``) or the main engine; ``spin``: poll its result (only when
+        nothing else runs: spinning holds the GIL, which the compute thread needs while bulk
+        is in flight)."""
         started = time.perf_counter()
         self.stats.waited_s += started - item.received_at
         pipeline = self.pipeline
@@ -289,9 +323,6 @@ class WorkerServer:
             place = torch.cuda.device(self.device)
         else:
             place = contextlib.nullcontext()
-        # Spin on the result only when nothing else runs: spinning holds the GIL, which the
-        # compute thread needs while bulk is in flight.
-        spin = INLINE_SPIN_S if idle else 0.0
         launch_end = started
         try:
             with place:
@@ -301,18 +332,41 @@ class WorkerServer:
                 frames = (
                     launched
                     if isinstance(launched, list)
-                    else self._collect(item, launched, spin, pipeline, learn=True)
+                    else self._collect(
+                        item, launched, INLINE_SPIN_S if spin else 0.0, pipeline, learn=True
+                    )
                 )
         except Exception as exc:  # entering the stream or device (launch and collect catch theirs)
-            log.exception("batch %d failed on the link thread", item.batch.batch_id)
+            log.exception("batch %d failed off the compute thread", item.batch.batch_id)
             frames = encode(BatchError(item.batch.batch_id, ErrorCode.INTERNAL, repr(exc), True))
         self.stats.collect_s += time.perf_counter() - launch_end
         self.stats.inline += 1
         self.stats.live += live
-        if self.live is not None:
-            self.live.batches += live
+        if live:
+            assert self.live is not None
+            self.live.batches += 1
         self._answered()
         return frames
+
+    def _lane_loop(self) -> None:
+        """The lane's own thread: its batches the link thread did not run (slower than the
+        inline bound, or arriving while the lane was busy), so that they never wait behind
+        the bulk the compute thread holds. Replies go to the link as the finisher's do."""
+        assert self._lane_queue is not None
+        sender = self.link.result_sender()
+        try:
+            while True:
+                item = self._lane_queue.get()
+                if item is None:
+                    break
+                with self._lane_lock:
+                    frames = self._run_here(item, live=True, spin=False)
+                try:
+                    sender.send_multipart([str(item.epoch).encode(), *frames], copy=False)
+                except zmq.ZMQError:  # lost reply: the broker's batch deadline requeues it
+                    log.exception("could not hand lane results to the link")
+        finally:
+            sender.close(linger=0)
 
     def _quick(
         self, batch: BatchAssign, max_tokens: int, bound_ms: float, retry_s: float | None = None

@@ -102,21 +102,11 @@ def test_small_batches_pass_a_busy_compute_thread_on_the_live_lane() -> None:
     assert server.stats.live == 3 and server.stats.inline == 3 and server.stats.batches == 4
 
 
-@pytest.mark.parametrize(
-    ("why", "tokens", "lane_delay_s"),
-    [
-        ("over the lane's size", BIG, 0.0),
-        ("the lane took longer than the inline bound (its warm-up timed it)", 4, 0.05),
-    ],
-)
-def test_other_batches_still_go_through_the_compute_thread(
-    why: str, tokens: int, lane_delay_s: float
-) -> None:
-    engine = LaneSpy(lane_delay_s=lane_delay_s)
+def test_batches_over_the_lanes_size_still_go_through_the_compute_thread() -> None:
+    engine = LaneSpy()
+    tokens, why = BIG, "over the lane's size"
     endpoint = f"inproc://live-4-{tokens}"
-    # No retry of a slow lane within the test (LIVE_RETRY_S): however slow the host.
-    options = {"live_retry_s": ANY_TIME_MS, "live_max_ms": 10.0}
-    with serving(engine, endpoint, 10.0, 3, live_lane=True, **options) as (
+    with serving(engine, endpoint, ANY_TIME_MS, 3, live_lane=True) as (
         router,
         identity,
         server,
@@ -220,19 +210,30 @@ def test_a_lane_that_cannot_be_entered_answers_a_retryable_error_and_frees_the_w
     assert server.stats.batches == 2 and not server.link.busy
 
 
-def test_the_lane_takes_batches_slower_than_the_idle_inline_bound() -> None:
-    # A large model's query (30 ms here) is over INLINE_MAX_MS but under the lane's bound:
-    # it runs on the lane rather than behind the bulk batches the worker holds.
-    engine = LaneSpy(lane_delay_s=0.03)
-    with serving(engine, "inproc://live-10", 10.0, 3, live_lane=True, live_max_ms=ANY_TIME_MS) as (
+def test_lane_batches_too_slow_for_the_link_thread_run_on_the_lanes_own_thread() -> None:
+    # A large model's query (50 ms here, over the inline bound; its warm-up timed it) must not
+    # block the link thread, nor wait behind the bulk the compute thread holds: the lane's
+    # own thread runs it.
+    engine = LaneSpy(delay_s=30.0, lane_delay_s=0.05)  # bulk ends when the queries are answered
+    # No retry of a slow lane within the test (LIVE_RETRY_S): however slow the host.
+    with serving(engine, "inproc://live-10", 10.0, 3, live_lane=True, live_retry_s=ANY_TIME_MS) as (
         router,
         identity,
         server,
     ):
-        router.send_multipart([identity, *encode(assign(1))])
-        assert isinstance(next_reply(router), BatchResult)
-    assert [thread for _, thread, _ in engine.log[2:]] == ["broker-link"]
-    assert server.stats.live == 1
+        router.send_multipart([identity, *encode(assign(1, BIG))])
+        assert engine.big_started.wait(10)  # the compute thread is inside the bulk batch
+        try:
+            for batch_id in (2, 3):
+                router.send_multipart([identity, *encode(assign(batch_id))])
+            replies = [next_reply(router) for _ in range(2)]
+        finally:
+            engine.release.set()
+        replies.append(next_reply(router))
+    assert [r.batch_id for r in replies] == [2, 3, 1]  # the queries did not wait for bulk
+    ran = [(role, thread) for role, thread, _ in engine.log[2:]]
+    assert ran[1:] == [(f"live<={INLINE_MAX_TOKENS}", "live-lane")] * 2
+    assert server.stats.live == 2
 
 
 def test_with_the_inline_path_off_the_lane_runs_nothing() -> None:
