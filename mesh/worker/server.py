@@ -359,6 +359,12 @@ class WorkerServer:
                 item = self._lane_queue.get()
                 if item is None:
                     break
+                # As the compute loop: a batch of a session the link left behind (the broker
+                # took it back and may send it here again) is dropped, not computed for a
+                # reply the link would drop, ahead of the new session's queries.
+                if item.epoch != self.link.epoch:
+                    self._track(-1)
+                    continue
                 with self._lane_lock:
                     frames = self._run_here(item, live=True, spin=False)
                 try:

@@ -243,3 +243,29 @@ def test_with_the_inline_path_off_the_lane_runs_nothing() -> None:
         assert isinstance(next_reply(router), BatchResult)
     assert "broker-link" not in [thread for _, thread, _ in engine.log[2:]]
     assert server.stats.live == 0
+
+
+def test_the_lane_thread_drops_a_batch_of_a_session_the_link_left() -> None:
+    # As the compute loop does: after a reconnect the broker took the batch back (and may
+    # send it here again), and its reply would be dropped; computing it only delays the new
+    # session's queries and counts progress no reply carries.
+    from mesh.worker.link import Incoming
+
+    ctx = zmq.Context()
+    try:
+        engine = LaneSpy()
+        info = ModelInfo("m", [], DIMS, 4096, 1000, "mean", False, "0" * 64)
+        options = WorkerOptions("w", 3, 4096, 64, "cpu", inline_max_ms=ANY_TIME_MS, live_lane=True)
+        server = WorkerServer(ctx, engine, info, b"{}", "inproc://x", options, Liveness())
+        assert server._lane_queue is not None
+        server._outstanding = 1  # accepted on epoch 0, as _accept counts it
+        server.link.busy = True
+        server.link.epoch = 1  # the link reconnected since
+        server._lane_queue.put(Incoming(epoch=0, batch=assign(1), received_at=time.perf_counter()))
+        server._lane_queue.put(None)
+        server._lane_loop()  # returns at the None
+        assert engine.log[2:] == []  # after the warm-up: nothing ran
+        assert server._outstanding == 0 and not server.link.busy
+        assert server.stats.batches == 0 and server.stats.live == 0
+    finally:
+        ctx.destroy(linger=0)
