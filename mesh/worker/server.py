@@ -56,11 +56,6 @@ INLINE_MAX_MS = 10.0  # 0 turns the inline path off; 1..50 is reasonable
 # query's device time (0.3-1.5 ms on an H200) ends without the driver's wake-up after it.
 # Nothing else waits for the GIL then (the worker is idle). 0..0.005 is reasonable.
 INLINE_SPIN_S = 0.002
-# A live lane whose last batch ran over the inline bound (a GC pause, a burst of contention)
-# takes a batch again once its time is this old: nothing else re-times it, since the small
-# batches the compute thread runs meanwhile wait behind bulk and are not the lane's speed.
-# Without it one slow batch shut the lane for the worker's life. 0.2..10 is reasonable.
-LIVE_RETRY_S = 1.0
 
 
 class EmbeddingEngine(Protocol):
@@ -81,7 +76,6 @@ class WorkerOptions:
     # Run small batches beside bulk on a lane of their own (mesh.worker.live_lane), keeping
     # one of ``credits`` for it; needs an Engine (its live_lane sibling) and two credits.
     live_lane: bool = False
-    live_retry_s: float = LIVE_RETRY_S  # see LIVE_RETRY_S
     profile_out: str | None = None  # diagnostics: cProfile the compute loop, stats here
 
 
@@ -170,8 +164,9 @@ class WorkerServer:
         self._busy_lock = threading.Lock()
         # The last small batch (<= INLINE_MAX_TOKENS): (tokens, compute ms); unknown at first,
         # so the first one (a cold start, maybe a graph capture) takes the threaded path.
+        # With a live lane, every lane batch times it (on the link thread or the lane's), so a
+        # lane found slow once (a GC pause) takes the link thread again once it is quick.
         self._small: tuple[int, float] | None = None
-        self._small_at = 0.0  # time.monotonic() when _small was learned
         # The test hook hangs the compute loop, which the inline path would step around.
         self._inline_max_ms = 0.0 if options.test_hang_after is not None else options.inline_max_ms
         if self.live is not None:  # warmed up (its graphs captured): no cold start to fear
@@ -273,9 +268,7 @@ class WorkerServer:
         """
         with self._busy_lock:
             lane = self._lane_takes(item.batch)
-            live = lane and self._quick(
-                item.batch, self.live.max_tokens, self._inline_max_ms, self.options.live_retry_s
-            )
+            live = lane and self._quick(item.batch, self.live.max_tokens, self._inline_max_ms)
             idle = self._outstanding == 0
             quick = idle and self._quick(item.batch, INLINE_MAX_TOKENS, self._inline_max_ms)
             self._outstanding += 1
@@ -374,25 +367,20 @@ class WorkerServer:
         finally:
             sender.close(linger=0)
 
-    def _quick(
-        self, batch: BatchAssign, max_tokens: int, bound_ms: float, retry_s: float | None = None
-    ) -> bool:
+    def _quick(self, batch: BatchAssign, max_tokens: int, bound_ms: float) -> bool:
         """Small enough for the link thread: at most ``max_tokens``, and the last batch run
-        there, scaled up to this one's tokens, computed within the inline bound; or, with
-        ``retry_s``, that last time is older than it (so the lane is timed again)."""
+        there (or on the lane's thread), scaled up to this one's tokens, computed within
+        ``bound_ms``."""
         tokens = len(batch.token_ids)
         if tokens > max_tokens or self._small is None or self._stop.is_set():
             return False
         seen_tokens, seen_ms = self._small
-        if seen_ms * max(1.0, tokens / max(1, seen_tokens)) <= bound_ms:
-            return True
-        stale = retry_s is not None and time.monotonic() - self._small_at >= retry_s
-        return stale and bound_ms > 0  # 0: the link thread runs nothing
+        # 0: the link thread runs nothing
+        return bound_ms > 0 and seen_ms * max(1.0, tokens / max(1, seen_tokens)) <= bound_ms
 
     def _learn(self, tokens: int, compute_ms: float) -> None:
         """A small batch's time on the link thread: what ``_quick`` judges the next by."""
         self._small = (tokens, compute_ms)
-        self._small_at = time.monotonic()
 
     def _answered(self) -> None:
         """A batch's reply is with the link: count progress, free the worker. Under the lock:

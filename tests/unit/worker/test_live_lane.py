@@ -120,11 +120,11 @@ def test_batches_over_the_lanes_size_still_go_through_the_compute_thread() -> No
 
 
 def test_a_lane_found_slow_once_is_timed_again_instead_of_shut_for_good() -> None:
-    # Its warm-up ran over the bound (as one batch beside bulk may: a GC pause), so batches
-    # went to the compute thread, whose times (behind bulk) the lane does not learn from:
-    # without a retry nothing ever timed the lane again.
+    # Its warm-up ran over the bound (as one batch beside bulk may: a GC pause), so the next
+    # batch goes to the lane's own thread, which times it: quick again, the link thread
+    # takes the lane's batches again.
     engine = LaneSpy(lane_delay_s=0.3)
-    with serving(engine, "inproc://live-5", 100.0, 3, live_lane=True, live_retry_s=0.0) as (
+    with serving(engine, "inproc://live-5", 100.0, 3, live_lane=True) as (
         router,
         identity,
         server,
@@ -135,7 +135,7 @@ def test_a_lane_found_slow_once_is_timed_again_instead_of_shut_for_good() -> Non
             router.send_multipart([identity, *encode(assign(batch_id))])
             assert isinstance(next_reply(router), BatchResult)
     threads = [thread for _, thread, _ in engine.log[2:]]
-    assert threads == ["broker-link"] * 3 and server.stats.live == 3
+    assert threads == ["live-lane", "broker-link", "broker-link"] and server.stats.live == 3
 
 
 def test_a_live_lane_needs_two_credits() -> None:
@@ -215,8 +215,7 @@ def test_lane_batches_too_slow_for_the_link_thread_run_on_the_lanes_own_thread()
     # block the link thread, nor wait behind the bulk the compute thread holds: the lane's
     # own thread runs it.
     engine = LaneSpy(delay_s=30.0, lane_delay_s=0.05)  # bulk ends when the queries are answered
-    # No retry of a slow lane within the test (LIVE_RETRY_S): however slow the host.
-    with serving(engine, "inproc://live-10", 10.0, 3, live_lane=True, live_retry_s=ANY_TIME_MS) as (
+    with serving(engine, "inproc://live-10", 10.0, 3, live_lane=True) as (
         router,
         identity,
         server,
@@ -269,3 +268,21 @@ def test_the_lane_thread_drops_a_batch_of_a_session_the_link_left() -> None:
         assert server.stats.batches == 0 and server.stats.live == 0
     finally:
         ctx.destroy(linger=0)
+
+
+def test_a_slow_lane_never_runs_on_the_link_thread_however_long_it_was_quiet() -> None:
+    # The lane's own thread times every batch it runs, so nothing needs the link thread to
+    # time a slow lane again: a query after a quiet spell (over a second, once LIVE_RETRY_S)
+    # ran there, blocking the link (its reads, the finisher's bulk replies) for its 50 ms.
+    engine = LaneSpy(lane_delay_s=0.05)  # over the 10 ms bound; its warm-up timed it
+    with serving(engine, "inproc://live-12", 10.0, 3, live_lane=True) as (
+        router,
+        identity,
+        server,
+    ):
+        time.sleep(1.2)  # quiet since the warm-up
+        router.send_multipart([identity, *encode(assign(1))])
+        assert isinstance(next_reply(router), BatchResult)
+    ran = [(role, thread) for role, thread, _ in engine.log[2:]]
+    assert ran == [(f"live<={INLINE_MAX_TOKENS}", "live-lane")]
+    assert server.stats.live == 1
