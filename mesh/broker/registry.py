@@ -33,7 +33,9 @@ class WorkerState:
         # the rate infinite, which bulk_cap cannot turn into tokens (every dispatch then fails).
         if not compute_ms > 0 or tokens < min(RATE_MIN_BATCH_TOKENS, self.max_batch_tokens // 8):
             return
-        if tokens <= self.live_tokens:  # a live lane's batch, timed beside bulk: not its rate
+        # A live lane's batch, timed beside bulk, is not its rate; but a worker whose whole
+        # budget fits its lane runs every batch there, and would never learn one.
+        if tokens <= self.live_tokens < self.max_batch_tokens:
             return
         rate = tokens / (compute_ms / 1000)
         if not math.isfinite(rate):

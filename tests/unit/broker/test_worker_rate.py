@@ -52,3 +52,16 @@ def test_a_live_lanes_batches_do_not_teach_the_rate_larger_ones_do():
     assert worker.rate == 0.0
     worker.note_compute(16384, 4.0)
     assert worker.rate == 16384 / 0.004
+
+
+def test_a_worker_whose_whole_budget_fits_its_live_lane_still_learns_its_rate():
+    # Its live lane runs every batch of at most max_batch_tokens (WorkerReady.live_tokens is
+    # min(1024, max_batch_tokens)), so no batch of it ever runs beside bulk: skipping lane
+    # batches left its rate unknown for good (no admission in time, no backlog estimate).
+    from mesh.broker.registry import WorkerState
+    from tests.unit.broker.fakes import card
+
+    worker = WorkerState(b"w", "w", card(), 1024, 64, 3, 3, "cuda", 0.0, 3.0)
+    worker.live_credits, worker.live_tokens = 1, 1024
+    worker.note_compute(1024, 4.0)
+    assert worker.rate == 1024 / 0.004
