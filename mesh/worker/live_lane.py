@@ -8,7 +8,8 @@ batch but cost bulk its prefetch: on the H200 through HTTP, live p99 13-14 ms wi
 0.75 of its solo rate, or bulk at 0.92 with live p99 29 ms (docs/gpu.md).
 
 The live lane gives a small batch a path of its own from end to end: the link thread runs it
-(``WorkerServer._accept``), on a sibling engine (:meth:`Engine.live_lane`: its own staging,
+when it is quick (``WorkerServer._accept``), else the lane's own thread, one batch at a time
+either way, on a sibling engine (:meth:`Engine.live_lane`: its own staging,
 attention workspace and CUDA graphs, the weights shared), on a CUDA stream of the highest
 priority, with a result slot of its own. The GPU's block scheduler then starts the query's
 kernels as soon as SMs free up, ahead of the bulk kernels queued on the other stream; graphs
@@ -39,7 +40,7 @@ LIVE_BUCKETS = [16, 32, 64, 128, 256, 320, 384, 448, 512, 640, 768, 896, 1024]
 
 class LiveLane:
     """The sibling engine, its stream and its result slot. Used from one thread at a time
-    (the worker's link thread)."""
+    (the worker's link thread or the lane's own, under the worker's lane lock)."""
 
     def __init__(self, engine: object, max_tokens: int = LIVE_TOKENS) -> None:
         self.max_tokens = max_tokens

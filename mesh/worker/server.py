@@ -231,6 +231,9 @@ class WorkerServer:
                 self.stats.launch_s += time.perf_counter() - started
                 launched += 1
         finally:
+            # Also when the loop ended by an exception: the link then queues nothing more for
+            # the lane thread, which is told to stop below.
+            self._stop.set()
             self.stats.cpu_s["compute"] = time.thread_time() - cpu_at_start
             if profile is not None:
                 profile.disable()
