@@ -33,24 +33,19 @@ import torch
 
 from mesh.worker.pipeline import ResultPipeline
 
-LIVE_TOKENS = 1024  # the largest batch it runs: what the ingress sends on the interactive lane
-# Graph buckets it captures at start (rounded up to buckets, up to LIVE_TOKENS): all of them.
-LIVE_BUCKETS = [16, 32, 64, 128, 256, 320, 384, 448, 512, 640, 768, 896, 1024]
-
 
 class LiveLane:
     """The sibling engine, its stream and its result slot. Used from one thread at a time
     (the worker's link thread or the lane's own, under the worker's lane lock)."""
 
-    def __init__(self, engine: object, max_tokens: int = LIVE_TOKENS) -> None:
-        self.max_tokens = max_tokens
+    def __init__(self, engine: object, max_tokens: int) -> None:
+        self.max_tokens = max_tokens  # the largest batch it runs
         self.engine = engine.live_lane(max_tokens)  # type: ignore[attr-defined]
         device = torch.device(self.engine.device)
         self.cuda = device.type == "cuda"
         # The highest priority the device has (torch maps out-of-range values to it).
         self.stream = torch.cuda.Stream(device, priority=-100) if self.cuda else None
         self.pipeline = ResultPipeline(self.engine, device, depth=1)
-        self.batches = 0  # run here so far (for logs and tests)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -62,10 +57,13 @@ class LiveLane:
             yield
 
     def warmup(self) -> float:
-        """Capture every bucket's graph, then time one query-sized batch end to end (ms): what
-        the worker's bound on link-thread work (``WorkerServer._quick``) starts from."""
+        """Capture the graph of every bucket up to ``max_tokens``, then time one query-sized
+        batch end to end (ms): what the worker's bound on link-thread work
+        (``WorkerServer._quick``) starts from."""
+        from mesh.worker.engine.gpu import bucket_sizes  # the runner's own buckets
+
         with self.running():
-            self.engine.warmup([b for b in LIVE_BUCKETS if b <= self.max_tokens])
+            self.engine.warmup(bucket_sizes(self.max_tokens))
             ids = np.full(16, min(100, self.engine.vocab_size - 1), dtype=np.int32)
             offsets = np.array([0, 16], dtype=np.int32)
             for _ in range(2):  # the first run pays one-time start-up (on CPU too): not timed

@@ -170,7 +170,7 @@ class WorkerServer:
         # The test hook hangs the compute loop, which the inline path would step around.
         self._inline_max_ms = 0.0 if options.test_hang_after is not None else options.inline_max_ms
         if self.live is not None:  # warmed up (its graphs captured): no cold start to fear
-            self._learn(16, self.live.warmup())
+            self._small = (16, self.live.warmup())
             log.info("live lane up: batches of at most %d tokens; 16 tokens in %.2f ms "
                      "(on the link thread while that scales within %.0f ms, else its own)",
                      live_tokens, self._small[1], self._inline_max_ms)  # fmt: skip
@@ -271,9 +271,9 @@ class WorkerServer:
         """
         with self._busy_lock:
             lane = self._lane_takes(item.batch)
-            live = lane and self._quick(item.batch, self.live.max_tokens, self._inline_max_ms)
+            live = lane and self._quick(item.batch, self.live.max_tokens)
             idle = self._outstanding == 0
-            quick = idle and self._quick(item.batch, INLINE_MAX_TOKENS, self._inline_max_ms)
+            quick = idle and self._quick(item.batch, INLINE_MAX_TOKENS)
             self._outstanding += 1
             self.link.busy = True
         # The lane's engine runs one batch at a time: the link thread takes it only when the
@@ -295,7 +295,6 @@ class WorkerServer:
     def _lane_takes(self, batch: BatchAssign) -> bool:
         """Whether ``batch`` runs on the live lane (on this thread or the lane's): small
         enough, and the link thread allowed to run batches at all (inline bound > 0)."""
-        assert self.live is None or self._lane_queue is not None
         return (
             self.live is not None
             and len(batch.token_ids) <= self.live.max_tokens
@@ -338,9 +337,6 @@ class WorkerServer:
         self.stats.collect_s += time.perf_counter() - launch_end
         self.stats.inline += 1
         self.stats.live += live
-        if live:
-            assert self.live is not None
-            self.live.batches += 1
         self._answered()
         return frames
 
@@ -363,27 +359,28 @@ class WorkerServer:
                     continue
                 with self._lane_lock:
                     frames = self._run_here(item, live=True, spin=False)
-                try:
-                    sender.send_multipart([str(item.epoch).encode(), *frames], copy=False)
-                except zmq.ZMQError:  # lost reply: the broker's batch deadline requeues it
-                    log.exception("could not hand lane results to the link")
+                self._hand_to_link(sender, item, frames)
         finally:
             sender.close(linger=0)
 
-    def _quick(self, batch: BatchAssign, max_tokens: int, bound_ms: float) -> bool:
+    def _quick(self, batch: BatchAssign, max_tokens: int) -> bool:
         """Small enough for the link thread: at most ``max_tokens``, and the last batch run
-        there (or on the lane's thread), scaled up to this one's tokens, computed within
-        ``bound_ms``."""
+        there (or on the lane's thread), scaled up to this one's tokens, computed within the
+        inline bound."""
         tokens = len(batch.token_ids)
         if tokens > max_tokens or self._small is None or self._stop.is_set():
             return False
         seen_tokens, seen_ms = self._small
-        # 0: the link thread runs nothing
+        bound_ms = self._inline_max_ms  # 0: the link thread runs nothing
         return bound_ms > 0 and seen_ms * max(1.0, tokens / max(1, seen_tokens)) <= bound_ms
 
-    def _learn(self, tokens: int, compute_ms: float) -> None:
-        """A small batch's time on the link thread: what ``_quick`` judges the next by."""
-        self._small = (tokens, compute_ms)
+    @staticmethod
+    def _hand_to_link(sender: zmq.Socket, item: Incoming, frames: list[Any]) -> None:
+        """A reply from a thread other than the link's (finisher, lane) to the link's socket."""
+        try:
+            sender.send_multipart([str(item.epoch).encode(), *frames], copy=False)
+        except zmq.ZMQError:  # lost reply: the broker's batch deadline requeues it
+            log.exception("could not hand batch %d's reply to the link", item.batch.batch_id)
 
     def _answered(self) -> None:
         """A batch's reply is with the link: count progress, free the worker. Under the lock:
@@ -437,10 +434,7 @@ class WorkerServer:
                 # batch can arrive the moment this reply leaves, and must find the worker idle
                 # (the inline path) if this was all it held.
                 self._answered()
-                try:
-                    sender.send_multipart([str(item.epoch).encode(), *frames], copy=False)
-                except zmq.ZMQError:  # lost reply: the broker's batch deadline requeues it
-                    log.exception("could not hand batch results to the link")
+                self._hand_to_link(sender, item, frames)
                 self.stats.collect_s += collected - started
                 self.stats.send_s += time.perf_counter() - collected
         finally:
@@ -463,7 +457,7 @@ class WorkerServer:
             groups, ms = (pipeline or self.pipeline).collect(launched, spin_s)
             timings = reply_timings(item.received_at, launched)
             if learn and len(item.batch.token_ids) <= INLINE_MAX_TOKENS:
-                self._learn(len(item.batch.token_ids), timings["worker_compute"])
+                self._small = (len(item.batch.token_ids), timings["worker_compute"])
             result = BatchResult(launched.batch_id, ms, groups, timings)
             return encode(result)
         except Exception as exc:  # a device fault surfaces here, at the wait

@@ -11,9 +11,12 @@ import numpy as np
 import torch
 
 from mesh.worker.engine.engine import Engine
-from mesh.worker.live_lane import LIVE_BUCKETS, LiveLane
+from mesh.worker.live_lane import LiveLane
+from mesh.worker.server import INLINE_MAX_TOKENS
 
 MINILM_DIR = Path(__file__).resolve().parents[2] / ".carry" / "minilm"
+# Every graph bucket up to the lane's 1,024 tokens: all captured at start.
+LANE_BUCKETS = [16, 32, 64, 128, 256, 320, 384, 448, 512, 640, 768, 896, 1024]
 
 
 def _packed(seed: int, n: int, most: int) -> tuple[np.ndarray, np.ndarray]:
@@ -27,10 +30,10 @@ def _packed(seed: int, n: int, most: int) -> tuple[np.ndarray, np.ndarray]:
 def test_queries_on_the_live_lane_beside_bulk_match_the_engine_alone() -> None:
     engine = Engine.load(MINILM_DIR, device="cuda")
     engine.warmup([8192, 16384])
-    lane = LiveLane(engine)
+    lane = LiveLane(engine, INLINE_MAX_TOKENS)
     assert lane.warmup() > 0
     assert lane.engine.runner is not engine.runner and lane.engine.model is engine.model
-    assert sorted(lane.engine.runner.graphs) == LIVE_BUCKETS
+    assert sorted(lane.engine.runner.graphs) == LANE_BUCKETS
     queries = [_packed(seed, n=1 + seed % 4, most=40) for seed in range(24)]
     want = [engine.embed(ids, offsets).float().cpu() for ids, offsets in queries]
     bulk = [_packed(100 + i, n=120, most=250) for i in range(12)]  # ~15k tokens each

@@ -14,13 +14,14 @@ import torch
 import zmq
 
 from mesh.config import Liveness
-from mesh.worker.live_lane import LIVE_BUCKETS
 from mesh.worker.server import INLINE_MAX_TOKENS, LoopStats, WorkerOptions, WorkerServer
 from proto_msgs import BatchResult, ModelInfo, encode
 from tests.unit.worker.worker_fakes import DIMS, SumEngine, assign, next_reply, serving
 
 ANY_TIME_MS = 60_000.0  # an inline bound no batch passes: which path runs never depends on load
 BIG = INLINE_MAX_TOKENS + 1
+# Every graph bucket up to the lane's 1,024 tokens (gpu.bucket_sizes): all captured at start.
+LANE_BUCKETS = [16, 32, 64, 128, 256, 320, 384, 448, 512, 640, 768, 896, 1024]
 
 
 class LaneSpy(SumEngine):
@@ -57,13 +58,32 @@ class LaneSpy(SumEngine):
         return super().embed(ids, offsets)
 
 
+def _queries_past_held_bulk(
+    engine: LaneSpy, endpoint: str, inline_max_ms: float, queries: tuple[int, ...]
+) -> tuple[list, WorkerServer]:
+    """A worker with a lane holds bulk batch 1 on its compute thread until the ``queries``
+    (small batches) are answered, then lets it end: every reply in arrival order, and the
+    server (stopped)."""
+    with serving(engine, endpoint, inline_max_ms, 3, live_lane=True) as (router, identity, server):
+        router.send_multipart([identity, *encode(assign(1, BIG))])
+        assert engine.big_started.wait(10)  # the compute thread is inside the bulk batch
+        try:
+            for batch_id in queries:
+                router.send_multipart([identity, *encode(assign(batch_id))])
+            replies = [next_reply(router) for _ in queries]
+        finally:
+            engine.release.set()
+        replies.append(next_reply(router))
+    return replies, server
+
+
 def test_ready_keeps_a_credit_and_says_how_large_a_live_batch_may_be() -> None:
     engine = LaneSpy()
     with serving(engine, "inproc://live-1", ANY_TIME_MS, 3, live_lane=True) as (_, _, server):
         ready = server.ready_sent  # type: ignore[attr-defined]
     assert (ready.credits, ready.live_credits, ready.live_tokens) == (3, 1, INLINE_MAX_TOKENS)
     # The lane warmed up every bucket at start and ran one query-sized batch to time it.
-    assert engine.lane is not None and engine.lane.warmed == LIVE_BUCKETS
+    assert engine.lane is not None and engine.lane.warmed == LANE_BUCKETS
     assert engine.log[:2] == [(f"live<={INLINE_MAX_TOKENS}", threading.main_thread().name, 16)] * 2
 
 
@@ -75,20 +95,7 @@ def test_without_a_live_lane_ready_keeps_nothing() -> None:
 
 def test_small_batches_pass_a_busy_compute_thread_on_the_live_lane() -> None:
     engine = LaneSpy(delay_s=30.0)  # the bulk batch ends when the queries are answered
-    with serving(engine, "inproc://live-3", ANY_TIME_MS, 3, live_lane=True) as (
-        router,
-        identity,
-        server,
-    ):
-        router.send_multipart([identity, *encode(assign(1, BIG))])
-        assert engine.big_started.wait(10)  # the compute thread is inside the bulk batch
-        try:
-            for batch_id in (2, 3, 4):
-                router.send_multipart([identity, *encode(assign(batch_id))])
-            replies = [next_reply(router) for _ in range(3)]
-        finally:
-            engine.release.set()
-        replies.append(next_reply(router))
+    replies, server = _queries_past_held_bulk(engine, "inproc://live-3", ANY_TIME_MS, (2, 3, 4))
     # The queries come back while the bulk batch still computes, and right.
     assert [r.batch_id for r in replies] == [2, 3, 4, 1]
     for r in replies[:3]:
@@ -215,20 +222,7 @@ def test_lane_batches_too_slow_for_the_link_thread_run_on_the_lanes_own_thread()
     # block the link thread, nor wait behind the bulk the compute thread holds: the lane's
     # own thread runs it.
     engine = LaneSpy(delay_s=30.0, lane_delay_s=0.05)  # bulk ends when the queries are answered
-    with serving(engine, "inproc://live-10", 10.0, 3, live_lane=True) as (
-        router,
-        identity,
-        server,
-    ):
-        router.send_multipart([identity, *encode(assign(1, BIG))])
-        assert engine.big_started.wait(10)  # the compute thread is inside the bulk batch
-        try:
-            for batch_id in (2, 3):
-                router.send_multipart([identity, *encode(assign(batch_id))])
-            replies = [next_reply(router) for _ in range(2)]
-        finally:
-            engine.release.set()
-        replies.append(next_reply(router))
+    replies, server = _queries_past_held_bulk(engine, "inproc://live-10", 10.0, (2, 3))
     assert [r.batch_id for r in replies] == [2, 3, 1]  # the queries did not wait for bulk
     ran = [(role, thread) for role, thread, _ in engine.log[2:]]
     assert ran[1:] == [(f"live<={INLINE_MAX_TOKENS}", "live-lane")] * 2
