@@ -96,15 +96,20 @@ def cmdline(pid: int) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
-def _role(pid: int) -> str:
-    """What a process of ours is: a mesh role by its mesh-launch flags, else ``bench`` (this
-    process, and the load processes of ``--procs`` it started)."""
+def _role(pid: int, parent: int | None = None) -> str:
+    """What a process of ours is: a mesh role by its mesh-launch flags, or its ``parent``'s
+    (an ingress's tokenizer processes count as ingress), else ``bench`` (this process, and
+    the load processes of ``--procs`` it started)."""
     args = cmdline(pid)
     if not args:
         return "other"
     if "--role" in args and args.index("--role") + 1 < len(args):
         role = args[args.index("--role") + 1]
         return "supervisor" if role == "all" else role
+    if parent is not None:
+        role = _role(parent)
+        if role not in ("bench", "other", "supervisor"):
+            return role
     return "bench"
 
 
@@ -148,12 +153,12 @@ class CpuWatch:
         ours = _tree(os.getpid(), after)
         others = 0
         by_role: dict[str, float] = {}
-        for pid, (_, used) in after.items():
+        for pid, (ppid, used) in after.items():
             ticks = used - self._before.get(pid, (0, 0))[1]
             if pid not in ours:
                 others += ticks
             else:
-                role = _role(pid)
+                role = _role(pid, ppid)
                 by_role[role] = by_role.get(role, 0.0) + ticks / _TICKS / elapsed
         cpu_s = elapsed * _cpus() * _TICKS
         steal = (_steal_ticks() - self._steal0) / cpu_s

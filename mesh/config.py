@@ -45,6 +45,11 @@ MODEL_FORGET_S = 600.0
 # bulk through HTTP at 3.5 M tok/s (MiniLM); without it 5.1 M, and the live p99 under that bulk
 # fell from 63 to 18 ms (docs/gpu.md). On the 2-core machine it changed nothing measurable.
 BULK_NICE = 10
+# Child processes of each ingress that tokenize its batch-lane work, so that the event loop
+# carrying live queries never waits for a tokenizer thread's GIL (mesh/client/tokenize_procs.py:
+# on the 2-core VM the loop's p99 lateness under bulk went 5 -> 1.7 ms). As many as the bulk
+# tokenizer threads they replace; 0 = threads. EMBEDMESH_TOKENIZE_PROCESSES overrides it.
+TOKENIZE_PROCESSES = 3
 DEFAULT_REQUEST_TIMEOUT_S = 120.0  # client-side deadline when the caller gives none
 # Sparse (SPLADE) output: the (id, weight) pairs kept per input when a request names no top_k,
 # and the most it may ask for (proto_msgs.limits.MAX_SPARSE_TOP_K bounds the wire). A SPLADE

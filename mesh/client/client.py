@@ -65,6 +65,7 @@ class MeshClient:
         *,
         liveness: Liveness | None = None,
         tokenizer_threads: int = 4,
+        tokenize_processes: int = 0,
         connect: Callable[[zmq.Socket, str], None] | None = None,
         default_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     ) -> None:
@@ -83,7 +84,10 @@ class MeshClient:
             )
             for ep in endpoints
         ]
-        self.tokenizers = TokenizerPool(tokenizer_threads)
+        # Bulk tokenization in child processes (mesh.client.tokenize_procs): for a process the
+        # client owns, as the ingress; off by default, since spawning children re-imports the
+        # caller's main module (an unguarded script would run again in each).
+        self.tokenizers = TokenizerPool(tokenizer_threads, processes=tokenize_processes)
         self._tokenizer_fetches: dict[str, asyncio.Future[ModelTokenizer]] = {}
 
     async def __aenter__(self) -> MeshClient:

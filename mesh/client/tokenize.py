@@ -38,6 +38,7 @@ from tokenizers import Encoding, Tokenizer
 
 from mesh.client.executor import PriorityExecutor
 from mesh.client.request import over_limit_message
+from mesh.client.tokenize_procs import BrokenProcessPool, BulkProcesses
 from mesh.config import BULK_NICE
 from mesh.errors import InvalidInput
 from proto_msgs import Lane, ModelInfo
@@ -52,6 +53,11 @@ GROWTH = 4  # the bound's growth when a cut piece proved too short; 2..8 is reas
 # bulk work waits for about a millisecond's worth of tokenizing per thread.
 CHUNK_TEXTS = 32
 CHUNK_CHARS = 32_768
+# A bulk job for a tokenizer process: no query waits behind it (queries stay in the parent), so
+# only the cost of a hop (pickles both ways, wake-ups of three parent threads) and spreading one
+# large request over the processes count. 4..16 times the thread job is reasonable.
+PROCESS_CHUNK_TEXTS = 128
+PROCESS_CHUNK_CHARS = 131_072
 # An interactive request of at most this many characters is tokenized on the caller's thread
 # (the event loop): ~0.1 ms of work, less than the 0.2-0.4 ms a hop to a pool thread and back
 # costs, and that hop is most of an idle query's ingress time. 256..4096 is reasonable.
@@ -61,8 +67,9 @@ INLINE_MAX_CHARS = 1024
 class ModelTokenizer:
     """A tokenizer set up for one model: no padding, truncation at its input limit."""
 
-    def __init__(self, tokenizer_json: bytes, model: ModelInfo) -> None:
+    def __init__(self, tokenizer_json: bytes, model: ModelInfo, digest: str | None = None) -> None:
         self.model = model
+        self.digest = digest  # the catalog's key for it: what tokenizer processes load it by
         self._tok = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
         # Shipped tokenizer.json files often pad/cut to a fixed length (all-MiniLM-L6-v2's
         # pads to 128): packed batches want neither.
@@ -157,17 +164,21 @@ def _settled(enc: Encoding) -> bool:
     return _last_word(enc.word_ids) < _last_word(rest[-1].word_ids) - 1
 
 
-def chunks(texts: list[str], cut_chars: int) -> Iterator[tuple[int, int]]:
-    """(start, end) spans of ``texts``: at most CHUNK_TEXTS texts or CHUNK_CHARS characters
-    (each text counted up to its cut) per span, at least one text."""
-    return chunk_sizes([min(len(text), cut_chars) for text in texts])
+def chunks(
+    texts: list[str], cut_chars: int, most_texts: int = CHUNK_TEXTS, most_chars: int = CHUNK_CHARS
+) -> Iterator[tuple[int, int]]:
+    """(start, end) spans of ``texts``: at most ``most_texts`` texts or ``most_chars``
+    characters (each text counted up to its cut) per span, at least one text."""
+    return chunk_sizes([min(len(text), cut_chars) for text in texts], most_texts, most_chars)
 
 
-def chunk_sizes(sizes: list[int]) -> Iterator[tuple[int, int]]:
+def chunk_sizes(
+    sizes: list[int], most_texts: int = CHUNK_TEXTS, most_chars: int = CHUNK_CHARS
+) -> Iterator[tuple[int, int]]:
     """:func:`chunks` over inputs given by their sizes in characters (already cut)."""
     start, chars = 0, 0
     for i, size in enumerate(sizes):
-        if i > start and (i - start >= CHUNK_TEXTS or chars + size > CHUNK_CHARS):
+        if i > start and (i - start >= most_texts or chars + size > most_chars):
             yield start, i
             start, chars = i, 0
         chars += size
@@ -199,19 +210,24 @@ def bulk_nice_from_env() -> int:
 
 
 class TokenizerPool:
-    """Tokenizers by digest, and the threads that run them (live work first)."""
+    """Tokenizers by digest, and the threads that run them (live work first); with
+    ``processes`` > 0, bulk (BATCH-lane) chunks run in that many child processes instead
+    (:mod:`mesh.client.tokenize_procs`: off the event loop's GIL)."""
 
-    def __init__(self, threads: int = 4, bulk_nice: int | None = None) -> None:
+    def __init__(self, threads: int = 4, bulk_nice: int | None = None, processes: int = 0) -> None:
         if bulk_nice is None:
             bulk_nice = bulk_nice_from_env()
         self._pool = PriorityExecutor(threads, "tokenize", bulk_nice)
+        self._procs = BulkProcesses(processes, bulk_nice) if processes > 0 else None
         self._by_digest: dict[str, ModelTokenizer] = {}
 
     def get(self, digest: str) -> ModelTokenizer | None:
         return self._by_digest.get(digest)
 
     def add(self, digest: str, tokenizer_json: bytes, model: ModelInfo) -> ModelTokenizer:
-        tok = ModelTokenizer(tokenizer_json, model)
+        tok = ModelTokenizer(tokenizer_json, model, digest)
+        if self._procs is not None:
+            self._procs.add(digest, tokenizer_json)
         self._by_digest[digest] = tok
         return tok
 
@@ -225,11 +241,15 @@ class TokenizerPool:
         """Ids and lengths of ``texts``, tokenized in chunks at ``priority``."""
         if priority == Lane.INTERACTIVE and _chars_within(texts, INLINE_MAX_CHARS):
             return tok.encode(texts, truncate)
+        in_child = priority == Lane.BATCH and self._procs is not None and tok.digest is not None
+        sizes = (PROCESS_CHUNK_TEXTS, PROCESS_CHUNK_CHARS) if in_child else ()
         jobs = [
-            asyncio.wrap_future(
+            asyncio.ensure_future(self._in_child(tok, texts[a:b], truncate, a))
+            if in_child
+            else asyncio.wrap_future(
                 self._pool.submit(int(priority), tok.encode, texts[a:b], truncate, a)
             )
-            for a, b in chunks(texts, tok.cut_chars)
+            for a, b in chunks(texts, tok.cut_chars, *sizes)
         ]
         try:
             parts = await asyncio.gather(*jobs)
@@ -241,6 +261,22 @@ class TokenizerPool:
             return parts[0]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
+    async def _in_child(
+        self, tok: ModelTokenizer, texts: list[str], truncate: bool, first: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One bulk chunk in a tokenizer process; on this process's threads when a child died
+        under it (the pool starts afresh for the next chunk)."""
+        assert self._procs is not None and tok.digest is not None
+        pool = None
+        try:
+            pool, job = self._procs.submit(tok.digest, tok.model, texts, truncate, first)
+            return await asyncio.wrap_future(job)
+        except BrokenProcessPool as exc:
+            if pool is not None:
+                self._procs.broken(pool, exc)
+            fallback = self._pool.submit(int(Lane.BATCH), tok.encode, texts, truncate, first)
+            return await asyncio.wrap_future(fallback)
+
     def run(self, priority: Lane, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
         """``fn(*args)`` on the tokenizer threads at ``priority`` (for other encodings than
         ``encode``'s: a cross-encoder's pairs, :mod:`mesh.client.pairs`)."""
@@ -248,3 +284,5 @@ class TokenizerPool:
 
     def close(self) -> None:
         self._pool.shutdown()
+        if self._procs is not None:
+            self._procs.close()

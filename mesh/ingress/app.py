@@ -92,6 +92,7 @@ def create_app(cfg: IngressConfig, client: MeshClient | None = None) -> web.Appl
             cfg.brokers,
             liveness=cfg.liveness,
             tokenizer_threads=cfg.tokenizer_threads,
+            tokenize_processes=cfg.tokenize_processes,
             default_timeout_s=cfg.request_timeout_s,
         )
     state = IngressState(cfg, client, Catalog(client), IngressMetrics(client), owns)

