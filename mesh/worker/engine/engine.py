@@ -222,6 +222,17 @@ class Engine:
         return replace(self, runner=runner, attention=runner.eager_attn)
 
     @property
+    def lane_proven(self) -> bool:
+        """Whether a live lane (:meth:`live_lane`) has been proven to run beside this engine's
+        bulk on the GPU: every attention backend its runner uses says so (``lane_proven``,
+        False for FlashInfer's: see ``FlashInferRagged.lane_proven``). True on CPU."""
+        if self.runner is None:
+            return True
+        runner = self.runner
+        backends = (runner.eager_attn, runner.masked_attn, runner.windowed_attn)
+        return all(getattr(b, "lane_proven", True) for b in backends if b is not None)
+
+    @property
     def vocab_size(self) -> int:
         return int(self.model.vocab_size)
 

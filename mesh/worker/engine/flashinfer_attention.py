@@ -15,6 +15,7 @@ so the CPU path never needs it.
 from __future__ import annotations
 
 import inspect
+import os
 
 import numpy as np
 import torch
@@ -26,6 +27,14 @@ WORKSPACE_BYTES = 128 * 1024 * 1024
 # configuration: NUM_MMA_D_QK=2 ..." (its fa2 tiling has no head_dim-32 config), so those
 # models take torch's packed varlen flash attention, the next best path in NOTES.md.
 FLASHINFER_HEAD_DIMS = (64, 128)
+
+
+def pdl_from_env() -> bool | None:
+    """``EMBEDMESH_FLASHINFER_PDL``: 0 launches FlashInfer's kernels without programmatic
+    dependent launch (PDL, on by default on sm90), 1 with it; unset: FlashInfer's default.
+    A diagnostic for the live lane's stall (``FlashInferRagged.lane_proven``)."""
+    value = os.environ.get("EMBEDMESH_FLASHINFER_PDL", "").strip()
+    return None if value == "" else value not in ("0", "false", "no", "off")
 
 
 def cuda_backend(
@@ -117,8 +126,17 @@ class FlashInferRagged:
         # sync: the next plan must wait until the device has taken the last one.
         self._planned: torch.cuda.Event | None = None
         self._key_rows: torch.Tensor | None = None  # plan(keys=): the rows that are keys
+        self._pdl = pdl_from_env()  # None: FlashInfer's default (on for sm90)
 
     takes_keys = True
+    # Not proven beside a second stream: on the H200, a worker with a live lane
+    # (mesh.worker.live_lane) and this backend (BERT-base and Qwen3-0.6B shapes) stopped under
+    # bulk plus live queries, three runs out of three: both streams' result events never
+    # completed, the GPU at 100 % and 278 W with nothing queued (docs/gpu.md, "The live lane
+    # and FlashInfer"). torch's varlen path (MiniLM) ran the same load many times. So
+    # ``--live-lane auto`` leaves the lane off for an engine using this backend. A suspect
+    # not yet tried: FlashInfer's programmatic dependent launch (``pdl_from_env``).
+    lane_proven = False
     # Set by gpu.GpuRunner for a windowed model's backends, which it plans only with batches
     # no window cuts: attend() then runs a windowed layer as full attention (attention.py).
     windows_covered = False
@@ -168,7 +186,7 @@ class FlashInferRagged:
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self._key_rows is not None:
             k, v = k.index_select(0, self._key_rows), v.index_select(0, self._key_rows)
-        return self.wrapper.run(q, k, v)
+        return self.wrapper.run(q, k, v, enable_pdl=self._pdl)
 
 
 class TorchVarlen:
