@@ -5,6 +5,9 @@
 # thread CPU snapshot, twice, while the load runs. For a mesh that stalls under that load.
 #
 #   bash bench/gpu_stall_dump.sh OUT MODEL_DIR MODEL_NAME [DUMP_AFTER_S]
+#
+# MESH_ARGS: more mesh-launch flags (e.g. "--live-lane on"); the environment passes through
+# (e.g. EMBEDMESH_FLASHINFER_PDL=0). DEVICE: cuda (default) or cpu.
 set -uo pipefail
 out=${1:?usage: gpu_stall_dump.sh OUT MODEL_DIR MODEL_NAME [DUMP_AFTER_S]}
 model=${2:?}; name=${3:?}; after=${4:-25}
@@ -13,7 +16,7 @@ cd "$(dirname "$0")/.."
 port=18123
 mesh-launch() { python3 -m launch.cli "$@"; }
 mesh-launch --role all --device "${DEVICE:-cuda}" --model "$model" --warmup-buckets 16,32,64,128,256 \
-  --http-port $port --auto-truncate >"$out/mesh.log" 2>&1 &
+  --http-port $port --auto-truncate ${MESH_ARGS:-} >"$out/mesh.log" 2>&1 &
 mesh=$!
 for _ in $(seq 180); do
   curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
