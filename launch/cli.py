@@ -253,6 +253,14 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     help="[ingress] Threads tokenizing off the event loop.",
 )
 @click.option(
+    "--tokenize-processes",
+    type=click.IntRange(0, 64),
+    default=config.TOKENIZE_PROCESSES,
+    show_default=True,
+    help="[ingress] Child processes tokenizing each ingress's bulk (batch-lane) requests, off "
+    "its event loop's GIL, which live queries need; 0: on the tokenizer threads.",
+)
+@click.option(
     "--ingress-nice",
     type=click.IntRange(0, 19),
     default=0,

@@ -7,6 +7,7 @@ With ``--ingress-procs N`` (N > 1) this process only spawns and watches N ingres
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import os
 import signal
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import click
 
 from launch.roles import Security, client_connector
-from mesh.config import Liveness
+from mesh.config import TOKENIZE_PROCESSES, Liveness
 from mesh.ingress.config import BODY_TIMEOUT_S, DRAIN_GRACE_S, IngressConfig
 
 DEFAULT_BROKER = "tcp://127.0.0.1:5555"
@@ -60,6 +61,7 @@ def ingress_config(opts: dict, liveness: Liveness) -> IngressConfig:
         max_body_bytes=int(opts["max_body_bytes"]),
         max_inputs=int(opts["max_inputs"]),
         tokenizer_threads=int(opts["tokenizer_threads"]),
+        tokenize_processes=int(opts.get("tokenize_processes", TOKENIZE_PROCESSES)),
         request_timeout_s=float(opts["request_timeout"]),
         liveness=liveness,
         reuse_port=bool(opts.get("reuse_port")),
@@ -84,6 +86,7 @@ def run_ingress_role(opts: dict, liveness: Liveness, security: Security) -> int:
 
     cfg = ingress_config(opts, liveness)
     connect = client_connector(security, "ingress")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: every thread's stack
     nice = int(opts.get("ingress_nice") or 0)
     if nice:  # lowering one's own priority needs no privilege
         os.nice(nice)

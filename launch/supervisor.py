@@ -454,6 +454,7 @@ def ingress_commands(opts: dict[str, Any], brokers: list[str]) -> dict[str, list
             "max_body_bytes",
             "max_inputs",
             "tokenizer_threads",
+            "tokenize_processes",
             "ingress_nice",
             "request_timeout",
             "drain_grace",

@@ -47,7 +47,7 @@ MODEL_FORGET_S = 600.0
 BULK_NICE = 10
 # Child processes of each ingress that tokenize its batch-lane work, so that the event loop
 # carrying live queries never waits for a tokenizer thread's GIL (mesh/client/tokenize_procs.py:
-# on the 2-core VM the loop's p99 lateness under bulk went 5 -> 1.7 ms). As many as the bulk
+# on the H200, MiniLM's live p99 under bulk went 20-29 -> 15-18 ms). As many as the bulk
 # tokenizer threads they replace; 0 = threads. EMBEDMESH_TOKENIZE_PROCESSES overrides it.
 TOKENIZE_PROCESSES = 3
 DEFAULT_REQUEST_TIMEOUT_S = 120.0  # client-side deadline when the caller gives none

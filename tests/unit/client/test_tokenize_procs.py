@@ -144,3 +144,24 @@ def _alive(pid: int) -> bool:
         return False
     # A zombie no one reaps yet is gone as far as work goes.
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_the_launchers_flag_reaches_every_ingress_process() -> None:
+    from launch.cli import main
+    from launch.ingress_role import ingress_config
+    from launch.supervisor import role_commands
+    from mesh.config import Liveness
+
+    def opts(*args: str) -> dict:
+        params = main.make_context("mesh-launch", ["--role", "all", *args]).params
+        return {k: v for k, v in params.items() if k != "role"}
+
+    cmds = role_commands(
+        opts("--ingress-procs", "2", "--tokenize-processes", "0"), "ipc:///f", "ipc:///b"
+    )
+    for name in ("ingress-0", "ingress-1"):
+        args = cmds[name]
+        assert args[args.index("--tokenize-processes") + 1] == "0"
+    assert "--tokenize-processes" not in cmds["worker-0"]
+    assert ingress_config(opts("--tokenize-processes", "5"), Liveness()).tokenize_processes == 5
+    assert ingress_config(opts(), Liveness()).tokenize_processes == 3
