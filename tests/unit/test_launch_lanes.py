@@ -76,6 +76,19 @@ def test_flashinfers_programmatic_launch_follows_the_environment(monkeypatch) ->
     assert pdl_from_env() is True
 
 
+def test_flashinfer_without_the_environment_calls_run_as_before_pdl_existed() -> None:
+    # pyproject allows flashinfer>=0.2; run() took no enable_pdl before 0.2.7.
+    from mesh.worker.engine.flashinfer_attention import FlashInferRagged
+
+    class OldWrapper:
+        def run(self, q, k, v, *args, out=None, lse=None):  # noqa: ANN001, ANN002, ANN202
+            return "ran"
+
+    backend = object.__new__(FlashInferRagged)
+    backend.wrapper, backend._key_rows, backend._pdl = OldWrapper(), None, None
+    assert backend.run(None, None, None) == "ran"  # type: ignore[arg-type]
+
+
 def test_an_unknown_live_lane_choice_is_refused() -> None:
     with pytest.raises(ValueError, match="auto, on or off"):
         roles.live_lane_on("maybe", "cuda")

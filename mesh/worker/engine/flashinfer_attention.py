@@ -186,6 +186,8 @@ class FlashInferRagged:
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self._key_rows is not None:
             k, v = k.index_select(0, self._key_rows), v.index_select(0, self._key_rows)
+        if self._pdl is None:  # FlashInfer's default; run() takes enable_pdl from 0.2.7 on
+            return self.wrapper.run(q, k, v)
         return self.wrapper.run(q, k, v, enable_pdl=self._pdl)
 
 
