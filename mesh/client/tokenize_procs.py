@@ -30,6 +30,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import signal
 import tempfile
 import threading
 import time
@@ -51,7 +52,10 @@ _CHILD_TOKENIZERS: dict[str, object] = {}
 
 def _child_start(nice: int, parent: int) -> None:
     """In each child, once: lower its priority, keep tokenizers' own pool off (the children
-    already spread the work over the cores) and watch for the parent's death."""
+    already spread the work over the cores) and watch for the parent's death. Ctrl-C is the
+    parent's to handle: a terminal sends SIGINT to the whole process group, and a child's
+    KeyboardInterrupt would break the pool (a restart, mid-drain) with a traceback each."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     if nice > 0:
         with contextlib.suppress(OSError):

@@ -140,10 +140,35 @@ if __name__ == "__main__":
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (ProcessLookupError, FileNotFoundError):  # reaped between the two
         return False
     # A zombie no one reaps yet is gone as far as work goes.
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _ignores(pid: int, sig: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(
+        next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16
+    )
+    return bool(mask & (1 << (sig - 1)))
+
+
+async def test_ctrl_c_on_the_process_group_leaves_the_children_at_work(pool) -> None:
+    # A terminal's Ctrl-C reaches the children too: the parent drains, they keep tokenizing.
+    tok = pool.add("d", TOKENIZER_JSON, INFO)
+    await pool.encode(tok, TEXTS, truncate=True, priority=Lane.BATCH)
+    children = _child_pids(pool)
+    deadline = time.monotonic() + 30  # each child past its start-up (its initializer)
+    while not all(_ignores(pid, signal.SIGINT) for pid in children):
+        assert time.monotonic() < deadline, "a child does not ignore SIGINT"
+        time.sleep(0.05)
+    for pid in children:
+        os.kill(pid, signal.SIGINT)  # an ignored signal is dropped at once
+    got = await pool.encode(tok, TEXTS, truncate=True, priority=Lane.BATCH)
+    assert _same(got, tok.encode(TEXTS, truncate=True))
+    assert pool._procs.restarts == 0 and all(_alive(pid) for pid in children)
 
 
 def test_the_launchers_flag_reaches_every_ingress_process() -> None:
