@@ -265,14 +265,14 @@ class TokenizerPool:
         self, tok: ModelTokenizer, texts: list[str], truncate: bool, first: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """One bulk chunk in a tokenizer process; on this process's threads when a child died
-        under it (the pool starts afresh for the next chunk)."""
+        under it (the pool starts afresh for the next chunk) or the hop failed (OSError)."""
         assert self._procs is not None and tok.digest is not None
         pool = None
         try:
             pool, job = self._procs.submit(tok.digest, tok.model, texts, truncate, first)
             return await asyncio.wrap_future(job)
-        except BrokenProcessPool as exc:
-            if pool is not None:
+        except (BrokenProcessPool, OSError) as exc:
+            if pool is not None and isinstance(exc, BrokenProcessPool):
                 self._procs.broken(pool, exc)
             fallback = self._pool.submit(int(Lane.BATCH), tok.encode, texts, truncate, first)
             return await asyncio.wrap_future(fallback)

@@ -20,7 +20,9 @@ with its parent. Interactive work stays in the parent: a query's tokenization is
 the hop to a child and back.
 
 A child that dies (killed, out of memory) breaks the pool: the chunk it held fails over to
-the parent's threads and the pool is started afresh for the next chunk.
+the parent's threads and the pool is started afresh for the next chunk, up to MAX_RESTARTS
+times; after that bulk stays on the threads. A chunk that meets an OSError (a spawn refused,
+a tokenizer file gone) also runs on the threads.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ log = logging.getLogger("embedmesh.client")
 
 Pool = concurrent.futures.ProcessPoolExecutor
 ORPHAN_CHECK_S = 0.5  # how often a child checks that its parent lives; 0.1..5 is reasonable
+# Pools started again after children died, before bulk stays on the threads for good: children
+# that die every time (a broken install, a memory limit) must not cost a spawn per chunk. 1..20.
+MAX_RESTARTS = 5
 
 # Children's tokenizers, by digest (set in each child process, never in the parent).
 _CHILD_TOKENIZERS: dict[str, object] = {}
@@ -99,6 +104,7 @@ class BulkProcesses:
         self.nice = nice
         self._dir = tempfile.TemporaryDirectory(prefix="embedmesh-tokenizers-")
         self._paths: dict[str, str] = {}
+        self._json: dict[str, bytes] = {}  # to write a file again that a /tmp cleaner removed
         self._lock = threading.Lock()
         self._pool: Pool | None = None
         self._closed = False
@@ -110,7 +116,9 @@ class BulkProcesses:
             path = Path(self._dir.name) / f"{digest}.json"
             path.write_bytes(tokenizer_json)
             self._paths[digest] = str(path)
-        self._get_pool()
+            self._json[digest] = tokenizer_json
+        with contextlib.suppress(BrokenProcessPool):  # given up on children: threads serve
+            self._get_pool()
 
     def submit(
         self, digest: str, model: ModelInfo, texts: list[str], truncate: bool, first: int
@@ -120,6 +128,9 @@ class BulkProcesses:
         RuntimeError once closed."""
         pool = self._get_pool()
         path = self._paths[digest]
+        if not os.path.exists(path):  # a child may need it yet (its first chunk, a new pool)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            Path(path).write_bytes(self._json[digest])
         try:
             return pool, pool.submit(_child_encode, digest, path, model, texts, truncate, first)
         except BrokenProcessPool as exc:  # broke before this chunk: the same as under it
@@ -134,7 +145,12 @@ class BulkProcesses:
                 return
             self._pool = None
             self.restarts += 1
-        log.warning("a tokenizer process died (%s); starting them again", error)
+            again = self.restarts <= MAX_RESTARTS
+        if again:
+            log.warning("a tokenizer process died (%s); starting them again", error)
+        else:
+            log.error("tokenizer processes died %d times (last: %s); bulk tokenization stays "
+                      "on this process's threads", self.restarts, error)  # fmt: skip
         pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
@@ -149,6 +165,8 @@ class BulkProcesses:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the tokenizer processes are shut down")
+            if self.restarts > MAX_RESTARTS:
+                raise BrokenProcessPool(f"tokenizer processes died {self.restarts} times")
             if self._pool is None:
                 self._pool = Pool(
                     self.processes,

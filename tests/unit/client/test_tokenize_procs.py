@@ -84,6 +84,31 @@ async def test_a_child_that_dies_costs_no_chunk_and_the_pool_starts_again(pool) 
     assert _same(again, got) and pool._procs._pool is not None
 
 
+async def test_children_that_keep_dying_leave_bulk_on_the_threads(pool, monkeypatch) -> None:
+    from mesh.client import tokenize_procs
+
+    monkeypatch.setattr(tokenize_procs, "MAX_RESTARTS", 1)
+    tok = pool.add("d", TOKENIZER_JSON, INFO)
+    for _ in range(2):  # two deaths: one restart allowed, then no more
+        await pool.encode(tok, TEXTS[:10], truncate=True, priority=Lane.BATCH)
+        for pid in _child_pids(pool):
+            os.kill(pid, signal.SIGKILL)
+        got = await pool.encode(tok, TEXTS, truncate=True, priority=Lane.BATCH)
+        assert _same(got, tok.encode(TEXTS, truncate=True))
+    assert pool._procs.restarts == 2 and pool._procs._pool is None
+    again = await pool.encode(tok, TEXTS, truncate=True, priority=Lane.BATCH)  # threads
+    assert _same(again, got) and pool._procs._pool is None  # and no pool spawned for it
+
+
+async def test_a_tokenizer_file_a_cleaner_removed_is_written_again(pool) -> None:
+    tok = pool.add("d", TOKENIZER_JSON, INFO)
+    path = Path(pool._procs._paths["d"])
+    path.unlink()  # before any child loaded it (a /tmp cleaner, a long uptime)
+    got = await pool.encode(tok, TEXTS, truncate=True, priority=Lane.BATCH)
+    assert _same(got, tok.encode(TEXTS, truncate=True))
+    assert path.read_bytes() == TOKENIZER_JSON
+
+
 async def test_closing_removes_the_tokenizer_files() -> None:
     pool = TokenizerPool(2, bulk_nice=0, processes=1)
     tok = pool.add("d", TOKENIZER_JSON, INFO)
