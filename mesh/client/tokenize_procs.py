@@ -32,6 +32,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -50,6 +51,9 @@ ORPHAN_CHECK_S = 0.5  # how often a child checks that its parent lives; 0.1..5 i
 # Pools started again after children died, before bulk stays on the threads for good: children
 # that die every time (a broken install, a memory limit) must not cost a spawn per chunk. 1..20.
 MAX_RESTARTS = 5
+# Each pool's tokenizer files live in a temp folder named after its process: one left by a
+# process killed outright (nothing of it runs after SIGKILL) is removed by the next pool.
+DIR_PREFIX = "embedmesh-tokenizers-"
 
 # Children's tokenizers, by digest (set in each child process, never in the parent).
 _CHILD_TOKENIZERS: dict[str, object] = {}
@@ -90,6 +94,24 @@ def _child_encode(
     return tok.encode(texts, truncate, first)  # type: ignore[attr-defined]
 
 
+def _remove_orphaned_dirs() -> None:
+    """Remove the tokenizer folders (``DIR_PREFIX`` + pid) of processes that no longer run."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}*"):
+        pid = folder.name[len(DIR_PREFIX) :].partition("-")[0]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: running, and not ours to clean
+        return True
+    return True
+
+
 def _noop() -> None:
     """Submitted once per child at start, so that they spawn before the first bulk request."""
 
@@ -102,7 +124,8 @@ class BulkProcesses:
             raise ValueError("BulkProcesses needs at least one process")
         self.processes = processes
         self.nice = nice
-        self._dir = tempfile.TemporaryDirectory(prefix="embedmesh-tokenizers-")
+        _remove_orphaned_dirs()
+        self._dir = tempfile.TemporaryDirectory(prefix=f"{DIR_PREFIX}{os.getpid()}-")
         self._paths: dict[str, str] = {}
         self._json: dict[str, bytes] = {}  # to write a file again that a /tmp cleaner removed
         self._lock = threading.Lock()

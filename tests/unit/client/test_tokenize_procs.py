@@ -5,9 +5,11 @@ costs no request."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -215,3 +217,23 @@ def test_the_launchers_flag_reaches_every_ingress_process() -> None:
     assert "--tokenize-processes" not in cmds["worker-0"]
     assert ingress_config(opts("--tokenize-processes", "5"), Liveness()).tokenize_processes == 5
     assert ingress_config(opts(), Liveness()).tokenize_processes == 3
+
+
+def test_the_folder_of_a_process_killed_outright_is_removed_by_the_next_pool(tmp_path) -> None:
+    from mesh.client import tokenize_procs
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    base = Path(tempfile.gettempdir())
+    left = base / f"{tokenize_procs.DIR_PREFIX}{gone.stdout.strip()}-abc"
+    alive = base / f"{tokenize_procs.DIR_PREFIX}{os.getpid()}-xyz"  # ours, running
+    for folder in (left, alive):
+        folder.mkdir()
+        (folder / "d.json").write_bytes(b"{}")
+    try:
+        procs = tokenize_procs.BulkProcesses(1, nice=0)
+        procs.close()
+        assert not left.exists() and alive.exists()
+    finally:
+        shutil.rmtree(left, ignore_errors=True)
+        shutil.rmtree(alive, ignore_errors=True)
