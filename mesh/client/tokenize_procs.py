@@ -126,7 +126,6 @@ class BulkProcesses:
         self.nice = nice
         _remove_orphaned_dirs()
         self._dir = tempfile.TemporaryDirectory(prefix=f"{DIR_PREFIX}{os.getpid()}-")
-        self._paths: dict[str, str] = {}
         self._json: dict[str, bytes] = {}  # to write a file again that a /tmp cleaner removed
         self._lock = threading.Lock()
         self._pool: Pool | None = None
@@ -135,11 +134,9 @@ class BulkProcesses:
 
     def add(self, digest: str, tokenizer_json: bytes) -> None:
         """Make ``digest``'s tokenizer loadable by the children; starts them the first time."""
-        if digest not in self._paths:
-            path = Path(self._dir.name) / f"{digest}.json"
-            path.write_bytes(tokenizer_json)
-            self._paths[digest] = str(path)
+        if digest not in self._json:
             self._json[digest] = tokenizer_json
+            self._path(digest).write_bytes(tokenizer_json)
         with contextlib.suppress(BrokenProcessPool):  # given up on children: threads serve
             self._get_pool()
 
@@ -150,12 +147,13 @@ class BulkProcesses:
         when the pool broke (the caller runs the chunk elsewhere and calls ``broken``) and
         RuntimeError once closed."""
         pool = self._get_pool()
-        path = self._paths[digest]
-        if not os.path.exists(path):  # a child may need it yet (its first chunk, a new pool)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            Path(path).write_bytes(self._json[digest])
+        path = self._path(digest)
+        if not path.exists():  # a child may need it yet (its first chunk, a new pool)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(self._json[digest])
         try:
-            return pool, pool.submit(_child_encode, digest, path, model, texts, truncate, first)
+            args = (digest, str(path), model, texts, truncate, first)
+            return pool, pool.submit(_child_encode, *args)
         except BrokenProcessPool as exc:  # broke before this chunk: the same as under it
             self.broken(pool, exc)
             raise
@@ -183,6 +181,9 @@ class BulkProcesses:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
         self._dir.cleanup()
+
+    def _path(self, digest: str) -> Path:
+        return Path(self._dir.name) / f"{digest}.json"
 
     def _get_pool(self) -> Pool:
         with self._lock:

@@ -105,7 +105,7 @@ async def test_children_that_keep_dying_leave_bulk_on_the_threads(pool, monkeypa
 
 async def test_a_tokenizer_file_a_cleaner_removed_is_written_again(pool) -> None:
     tok = pool.add("d", TOKENIZER_JSON, INFO)
-    path = Path(pool._procs._paths["d"])
+    path = pool._procs._path("d")
     path.unlink()  # before any child loaded it (a /tmp cleaner, a long uptime)
     got = await pool.encode(tok, TEXTS, truncate=True, priority=Lane.BATCH)
     assert _same(got, tok.encode(TEXTS, truncate=True))
