@@ -14,7 +14,7 @@
 #   mixed   MiniLM, bulk (32 clients x 64 texts) alone then with 10 live queries a second, per
 #           configuration of $MIXED_CONFIGS (';'-separated NAME=ENV|MESH_ARGS; default: the
 #           defaults (a live lane), without it, and without it at 3 credits holding two bulk
-#           batches while live), $MIXED_SECONDS windows
+#           batches while live), $MIXED_SECONDS windows, each cut at $MIXED_TIMEOUT seconds
 #   models  builds BERT-base and Qwen3-0.6B shapes (random weights) in /tmp/models/bert-base
 #           and /tmp/models/qwen3-0.6b, for MIXED_MODEL (default .carry/minilm, served as
 #           $MIXED_MODEL_NAME, default all-MiniLM-L6-v2)
@@ -79,13 +79,17 @@ if has mixed; then
   IFS=';' read -ra list <<<"$configs"
   for entry in "${list[@]}"; do
     name=${entry%%=*}; rest=${entry#*=}; envs=${rest%%|*}; margs=${rest#*|}
-    env $envs python3 -m bench.cli --no-baseline --engine-budgets '' \
+    env $envs timeout "${MIXED_TIMEOUT:-900}" python3 -m bench.cli --no-baseline --engine-budgets '' \
       --spawn "--device cuda --model $mmodel --warmup-buckets 16,32,64,128,256 $margs" \
       --model-name "$mname" --encoding-format base64 \
       --mode mixed --concurrency 32 --bulk-texts-per-request 64 --live-rate 10 \
       --procs 4 --duration "${MIXED_SECONDS:-10}" --warmup 4 \
       --json "$out/mixed-$name/mixed.json" >"$out/mixed-$name.log" 2>&1
     echo "== $name"; grep -E "^mixed in|^live hops in" "$out/mixed-$name.log" | head -n 3
+    # A configuration that stalled the GPU (or ran past MIXED_TIMEOUT) must not leave its mesh
+    # holding the device for the next one.
+    pkill -9 -f -- "launch.cli --role" 2>/dev/null; pkill -9 -f -- "--role worker" 2>/dev/null
+    sleep 1
   done
 fi
 

@@ -106,22 +106,14 @@ class WorkerConfig:
     live_lane: str = "auto"  # "on" | "off" | "auto" (on for CUDA): mesh.worker.live_lane
 
 
-def live_lane_on(
-    choice: str, device_type: str, credits: int | None = None, proven: bool = True
-) -> bool:
+def live_lane_on(choice: str, device_type: str, credits: int | None = None) -> bool:
     """``--live-lane``: "auto" is on for CUDA workers (on CPU two batches at once only share
     the same cores) unless ``--credits`` leaves it none (a lane keeps one credit and bulk
-    needs another, and a worker asked for one credit ran before the lane existed) or the
-    engine's attention has not been ``proven`` beside a second stream
-    (``Engine.lane_proven``: FlashInfer's stalled the GPU)."""
+    needs another, and a worker asked for one credit ran before the lane existed)."""
     if choice not in ("auto", "on", "off"):
         raise ValueError(f"--live-lane must be auto, on or off, not {choice!r}")
     if choice == "auto" and device_type == "cuda" and credits is not None and credits < 2:
         log.warning("--credits %d leaves a live lane no credit of its own: it stays off", credits)
-        return False
-    if choice == "auto" and device_type == "cuda" and not proven:
-        log.warning("live lane off: this model's attention (FlashInfer) stalled the GPU beside "
-                    "a second stream (docs/gpu.md); queries go first at the broker instead")  # fmt: skip
         return False
     return choice == "on" or (choice == "auto" and device_type == "cuda")
 
@@ -176,7 +168,7 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         multivector_dims=card.multivector.out_features if card.multivector else 0,
         late_interaction=card.colbert.tokens if card.colbert else None,
     )
-    live = live_lane_on(cfg.live_lane, engine.device.type, cfg.credits, engine.lane_proven)
+    live = live_lane_on(cfg.live_lane, engine.device.type, cfg.credits)
     options = WorkerOptions(
         name=f"{socket.gethostname()}:{cfg.device}",
         credits=cfg.credits if cfg.credits is not None else WORKER_CREDITS + live,

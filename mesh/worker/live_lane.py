@@ -10,7 +10,7 @@ batch but cost bulk its prefetch: on the H200 through HTTP, live p99 13-14 ms wi
 The live lane gives a small batch a path of its own from end to end: the link thread runs it
 when it is quick (``WorkerServer._accept``), else the lane's own thread, one batch at a time
 either way, on a sibling engine (:meth:`Engine.live_lane`: its own staging,
-attention workspace and CUDA graphs, the weights shared), on a CUDA stream of the highest
+attention and cuBLAS workspaces and CUDA graphs, the weights shared), on a CUDA stream of the highest
 priority, with a result slot of its own. The GPU's block scheduler then starts the query's
 kernels as soon as SMs free up, ahead of the bulk kernels queued on the other stream; graphs
 replayed into that stream take its priority. The worker keeps credits for it

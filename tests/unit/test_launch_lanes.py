@@ -35,36 +35,6 @@ def test_one_credit_turns_auto_off_but_not_an_explicit_on() -> None:
     assert roles.live_lane_on("on", "cuda", credits=1) is True
 
 
-def test_an_engine_whose_attention_is_not_proven_beside_a_lane_gets_none_by_default() -> None:
-    assert roles.live_lane_on("auto", "cuda", credits=3, proven=False) is False
-    assert roles.live_lane_on("on", "cuda", credits=3, proven=False) is True  # asked: on
-
-
-def test_flashinfer_backends_are_what_keeps_an_engine_from_a_lane() -> None:
-    from dataclasses import replace
-
-    from mesh.worker.engine.engine import Engine
-    from mesh.worker.engine.flashinfer_attention import FlashInferRagged, TorchVarlen
-    from mesh.worker.engine.flashinfer_windowed import FlashInferWindowed
-
-    assert FlashInferRagged.lane_proven is False and FlashInferWindowed.lane_proven is False
-    assert getattr(TorchVarlen, "lane_proven", True) is True
-
-    class Runner:  # the three backends a GpuRunner holds
-        def __init__(self, eager: object, windowed: object | None = None) -> None:
-            self.eager_attn, self.masked_attn, self.windowed_attn = eager, object(), windowed
-
-    from mesh.worker.engine.card import default_model_path
-
-    engine = Engine.load(str(default_model_path()), device="cpu")
-    assert engine.lane_proven  # CPU: no runner
-    varlen = object.__new__(TorchVarlen)
-    assert replace(engine, runner=Runner(varlen)).lane_proven
-    assert not replace(engine, runner=Runner(object.__new__(FlashInferRagged))).lane_proven
-    windowed = object.__new__(FlashInferWindowed)
-    assert not replace(engine, runner=Runner(varlen, windowed)).lane_proven
-
-
 def test_flashinfers_programmatic_launch_follows_the_environment(monkeypatch) -> None:
     from mesh.worker.engine.flashinfer_attention import pdl_from_env
 
@@ -99,9 +69,8 @@ class _Captured(Exception):
 
 
 class _Engine:
-    def __init__(self, device: str, lane_proven: bool = True) -> None:
+    def __init__(self, device: str) -> None:
         self.device = torch.device(device)
-        self.lane_proven = lane_proven
         self.max_batch_tokens = 16384
         self.vocab_size = 30522
         self.hidden_size = 384
@@ -117,20 +86,18 @@ class _Card:
 
 
 @pytest.mark.parametrize(
-    ("device", "credits", "proven", "want"),
+    ("device", "credits", "want"),
     [
-        ("cuda", None, True, (WORKER_CREDITS + 1, True)),  # the lane keeps one more credit
-        ("cpu", None, True, (WORKER_CREDITS, False)),
-        ("cuda", 5, True, (5, True)),  # an explicit --credits is what the worker grants
-        ("cuda", 1, True, (1, False)),  # one credit leaves "auto" no lane: it runs without one
-        ("cuda", None, False, (WORKER_CREDITS, False)),  # FlashInfer attention: no lane
+        ("cuda", None, (WORKER_CREDITS + 1, True)),  # the lane keeps one more credit
+        ("cpu", None, (WORKER_CREDITS, False)),
+        ("cuda", 5, (5, True)),  # an explicit --credits is what the worker grants
+        ("cuda", 1, (1, False)),  # one credit leaves "auto" no lane: it runs without one
     ],
 )
 def test_a_worker_with_a_live_lane_grants_one_more_credit_by_default(
     monkeypatch: pytest.MonkeyPatch,
     device: str,
     credits: int | None,
-    proven: bool,
     want: tuple[int, bool],
 ) -> None:
     seen: dict[str, Any] = {}
@@ -139,9 +106,7 @@ def test_a_worker_with_a_live_lane_grants_one_more_credit_by_default(
         seen["options"] = options
         raise _Captured
 
-    monkeypatch.setattr(
-        "mesh.worker.engine.engine.Engine.load", lambda *a, **k: _Engine(device, proven)
-    )
+    monkeypatch.setattr("mesh.worker.engine.engine.Engine.load", lambda *a, **k: _Engine(device))
     monkeypatch.setattr("mesh.worker.server.WorkerServer", fake_server)
     cfg = roles.WorkerConfig(
         broker="ipc:///t/b",

@@ -210,7 +210,9 @@ class Engine:
         on another thread (and, on CUDA, another stream) while this engine runs bulk. That
         state is the attention plan and, on CUDA, a whole runner: pinned staging, a FlashInfer
         workspace and graphs of buckets up to ``max_tokens`` in a memory pool of their own
-        (captured by :meth:`warmup`, never lazily: a capture would stall its thread)."""
+        (captured by :meth:`warmup`, never lazily: a capture would stall its thread), on a
+        capture stream of its own, so that its graphs' cuBLAS workspace is not the bulk's:
+        with one, the two streams' GEMMs deadlocked the H200 (``GpuRunner.capture_stream``)."""
         if self.runner is None:
             return replace(self, attention=_eager_backend(self.model, self.card, self.device))
         from mesh.worker.engine.gpu import GpuRunner
@@ -220,17 +222,6 @@ class Engine:
         )
         runner.lazy_capture = False
         return replace(self, runner=runner, attention=runner.eager_attn)
-
-    @property
-    def lane_proven(self) -> bool:
-        """Whether a live lane (:meth:`live_lane`) has been proven to run beside this engine's
-        bulk on the GPU: every attention backend its runner uses says so (``lane_proven``,
-        False for FlashInfer's: see ``FlashInferRagged.lane_proven``). True on CPU."""
-        if self.runner is None:
-            return True
-        runner = self.runner
-        backends = (runner.eager_attn, runner.masked_attn, runner.windowed_attn)
-        return all(getattr(b, "lane_proven", True) for b in backends if b is not None)
 
     @property
     def vocab_size(self) -> int:

@@ -32,7 +32,8 @@ FLASHINFER_HEAD_DIMS = (64, 128)
 def pdl_from_env() -> bool | None:
     """``EMBEDMESH_FLASHINFER_PDL``: 0 launches FlashInfer's kernels without programmatic
     dependent launch (PDL, on by default on sm90), 1 with it; unset: FlashInfer's default.
-    A diagnostic for the live lane's stall (``FlashInferRagged.lane_proven``)."""
+    A diagnostic: it was the first suspect of the live lane's stall, and turning it off did
+    not stop the stall (docs/gpu.md, "The live lane's stall: one cuBLAS workspace")."""
     value = os.environ.get("EMBEDMESH_FLASHINFER_PDL", "").strip()
     return None if value == "" else value not in ("0", "false", "no", "off")
 
@@ -129,14 +130,6 @@ class FlashInferRagged:
         self._pdl = pdl_from_env()  # None: FlashInfer's default (on for sm90)
 
     takes_keys = True
-    # Not proven beside a second stream: on the H200, a worker with a live lane
-    # (mesh.worker.live_lane) and this backend (BERT-base and Qwen3-0.6B shapes) stopped under
-    # bulk plus live queries, three runs out of three: both streams' result events never
-    # completed, the GPU at 100 % and 278 W with nothing queued (docs/gpu.md, "The live lane
-    # and FlashInfer"). torch's varlen path (MiniLM) ran the same load many times. So
-    # ``--live-lane auto`` leaves the lane off for an engine using this backend. A suspect
-    # not yet tried: FlashInfer's programmatic dependent launch (``pdl_from_env``).
-    lane_proven = False
     # Set by gpu.GpuRunner for a windowed model's backends, which it plans only with batches
     # no window cuts: attend() then runs a windowed layer as full attention (attention.py).
     windows_covered = False

@@ -99,7 +99,6 @@ class FlashInferWindowed:
     takes_masks = True
     takes_keys = False
     windows_covered = False  # the window is applied, not dropped (attend() passes it)
-    lane_proven = False  # made of FlashInferRagged wrappers: see FlashInferRagged.lane_proven
 
     def __init__(
         self,

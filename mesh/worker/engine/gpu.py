@@ -34,6 +34,7 @@ SDPA over length-sorted padded groups (:class:`.attention_grouped.SdpaGrouped`),
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -178,6 +179,16 @@ class GpuRunner:
         self.span_graphs: dict[int, _Graph] = {}  # the same, for batches holding spans
         self.span_failed: set[int] = set()
         self.pool = torch.cuda.graph_pool_handle()
+        # A capture stream of this runner's own. torch's cuBLAS workspace is keyed by (thread's
+        # handle, stream), and a graph keeps the workspace it was captured with: on
+        # torch.cuda.graph's one default capture stream, a live lane's graphs and the bulk
+        # engine's (both captured on the main thread at start) would share one workspace while
+        # they replay at once on two streams. EMBEDMESH_SHARED_CAPTURE_STREAM=1 restores the
+        # shared stream: a diagnostic for the lane's stall with FlashInfer (docs/gpu.md).
+        shared = os.environ.get("EMBEDMESH_SHARED_CAPTURE_STREAM", "").strip() == "1"
+        self.capture_stream: torch.cuda.Stream | None = (
+            None if shared else torch.cuda.Stream(device)
+        )
         self.lazy_capture = True  # False: only warmup captures (a live lane's runner)
         # One more than the worker's usual two batches in flight, so a third credit does not
         # wait here for a buffer the device has not read yet.
@@ -406,7 +417,12 @@ class GpuRunner:
         # the default ("global") mode forbids during a capture in any thread.
         with (
             torch.inference_mode(),
-            torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
+            torch.cuda.graph(
+                graph,
+                pool=self.pool,
+                stream=self.capture_stream,
+                capture_error_mode="thread_local",
+            ),
         ):
             pooled, span_rows = self._head(self.model(ids, pos, attn), pool_in, seqs, span_in)
         family = self.span_graphs if spans else self.graphs
