@@ -145,8 +145,7 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     help="[worker] Run small batches (live queries) beside bulk, on a high-priority CUDA "
     "stream with graphs of their own, keeping one credit for them, so a query does not wait "
     "behind the bulk the worker holds. auto: on for CUDA workers (unless --credits 1, "
-    "which leaves it none, or the model's attention runs on FlashInfer, which stalled the "
-    "GPU beside a second stream: docs/gpu.md), off on CPU.",
+    "which leaves it none), off on CPU.",
 )
 @click.option(
     "--max-batch-tokens",
