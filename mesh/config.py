@@ -44,6 +44,9 @@ MODEL_FORGET_S = 600.0
 # off: on the H200 host, eight ingress processes each running that pool on all 16 cores capped
 # bulk through HTTP at 3.5 M tok/s (MiniLM); without it 5.1 M, and the live p99 under that bulk
 # fell from 63 to 18 ms (docs/gpu.md). On the 2-core machine it changed nothing measurable.
+# EMBEDMESH_BULK_SCHED=idle also puts the ingress's tokenizer processes under Linux's SCHED_IDLE
+# (mesh/client/tokenize_procs.py): on the H200, MiniLM's live p99 under bulk 13.4 ms against
+# 15.7 at nice alone, but bulk kept 0.87 of its solo rate against 0.94, so it is not the default.
 BULK_NICE = 10
 # Child processes of each ingress that tokenize its batch-lane work, so that the event loop
 # carrying live queries never waits for a tokenizer thread's GIL (mesh/client/tokenize_procs.py:

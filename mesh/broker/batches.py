@@ -60,6 +60,14 @@ def _options_key(opt: OutputOptions) -> tuple[object, ...]:
 
 def plan_batch(batch_id: int, model: str, slices: list[Slice], timeout_s: float) -> BatchPlan:
     """Concatenate the token ids of ``slices`` (whose payloads are SubmitRequests)."""
+    if len(slices) == 1:
+        submit = slices[0].request.payload
+        if (
+            isinstance(submit, SubmitRequest)
+            and submit.span_offsets is None
+            and submit.spans is None
+        ):
+            return _plan_one(batch_id, model, slices[0], submit, timeout_s)
     outputs: list[OutputOptions] = []
     group_of: dict[tuple[object, ...], int] = {}
     groups: list[int] = []
@@ -126,6 +134,34 @@ def plan_batch(batch_id: int, model: str, slices: list[Slice], timeout_s: float)
         span_offsets=span_offsets,
     )
     return BatchPlan(message=message, slices=slices, groups=groups, rows=rows, counts=counts)
+
+
+def _plan_one(
+    batch_id: int, model: str, piece: Slice, submit: SubmitRequest, timeout_s: float
+) -> BatchPlan:
+    """``plan_batch`` of one slice without spans (an idle query's batch, every time): views
+    of the request's arrays instead of concatenations of one part each; the same message."""
+    start, end = piece.start, piece.end
+    n = end - start
+    offs = submit.offsets
+    first = int(offs[start])
+    offsets = offs[start : end + 1].astype(np.int32, copy=False)
+    if first:
+        offsets = offsets - np.int32(first)
+    starts = submit.segment_b_start
+    message = BatchAssign(
+        batch_id=batch_id,
+        model=model,
+        timeout_ms=max(1, int(timeout_s * 1000)),
+        outputs=[submit.output],
+        output_index=np.zeros(n, dtype=np.int32),
+        token_ids=submit.token_ids[first : int(offs[end])].astype(np.int32, copy=False),
+        offsets=offsets,
+        segment_b_start=None if starts is None else starts[start:end],
+        spans=None,
+        span_offsets=None,
+    )
+    return BatchPlan(message=message, slices=[piece], groups=[0], rows=[0], counts=[n])
 
 
 def result_chunks(

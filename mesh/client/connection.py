@@ -23,6 +23,7 @@ import zmq.asyncio
 
 from mesh.config import Liveness
 from mesh.errors import MeshError, ProtocolViolation, Unavailable, error_from_code
+from mesh.transport import waiting
 from proto_msgs import (
     BrokerStats,
     CancelRequest,
@@ -43,6 +44,10 @@ from proto_msgs import (
 )
 
 log = logging.getLogger("embedmesh.client")
+
+# Messages one wake-up of the reader handles before it yields the loop (and runs again next
+# iteration): a flood of result chunks cannot stall the tasks that wait for them.
+READ_BATCH = 256
 
 
 @dataclass
@@ -161,7 +166,12 @@ class BrokerConnection:
         self.outstanding_tokens = 0
         self.dropped = 0
         self._last_heard = 0.0
-        self._sock: zmq.asyncio.Socket | None = None
+        # A plain socket read from the loop's reader callback (``_on_readable``): the results
+        # come out of the socket, are decoded and resolve their futures in one callback, where
+        # a zmq.asyncio socket took a recv future, a reader task's wake-up and per-message
+        # EVENTS checks for each (0.08-0.14 ms of an idle query's round trip on a 2-core VM).
+        self._sock: zmq.Socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._alive_event = asyncio.Event()
 
@@ -169,10 +179,7 @@ class BrokerConnection:
 
     async def start(self) -> None:
         self._open()
-        self._tasks = [
-            asyncio.create_task(self._read_loop(), name=f"reader {self.endpoint}"),
-            asyncio.create_task(self._ping_loop(), name=f"pinger {self.endpoint}"),
-        ]
+        self._tasks = [asyncio.create_task(self._ping_loop(), name=f"pinger {self.endpoint}")]
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -182,7 +189,7 @@ class BrokerConnection:
                 await task
         self._fail_all(Unavailable(f"client closed its link to {self.endpoint}"))
         if self._sock is not None:
-            self._sock.close(linger=0)
+            self._close_socket(self._sock)
             self._sock = None
 
     async def wait_alive(self, timeout_s: float) -> bool:
@@ -191,13 +198,22 @@ class BrokerConnection:
         return self.alive
 
     def _open(self) -> None:
-        sock = self.ctx.socket(zmq.DEALER)
+        sock = self.ctx.socket(zmq.DEALER, socket_class=zmq.Socket)
         sock.setsockopt(zmq.LINGER, 0)
         if self._connect is not None:
             self._connect(sock, self.endpoint)
         else:
             sock.connect(self.endpoint)
         self._sock = sock
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(sock.FD, self._on_readable)
+
+    def _close_socket(self, sock: zmq.Socket) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            with contextlib.suppress(ValueError, OSError, zmq.ZMQError):
+                self._loop.remove_reader(sock.FD)
+        sock.close(linger=0)
 
     def _send(self, msg: Message) -> None:
         assert self._sock is not None
@@ -207,6 +223,10 @@ class BrokerConnection:
             self._sock.send_multipart(encode(msg), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again as exc:
             raise Unavailable(f"broker {self.endpoint} is not accepting messages") from exc
+        finally:
+            # zmq's FD signals edges, and a send may take the edge of a message that arrived
+            # meanwhile: look again, or that message would wait for the next one.
+            self._check_readable()
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -266,29 +286,45 @@ class BrokerConnection:
 
     # ---- tasks --------------------------------------------------------------------------------
 
-    async def _read_loop(self) -> None:
-        while True:
-            assert self._sock is not None
-            sock = self._sock
-            try:
-                frames = await sock.recv_multipart(copy=False)
-            except (zmq.ZMQError, asyncio.CancelledError):
-                # Closing a socket we replaced on purpose ends its pending recv; anything
-                # else (our own cancellation included) ends the reader.
-                task = asyncio.current_task()
-                if sock is self._sock or (task is not None and task.cancelling()):
-                    raise
-                continue
-            self._heard()
-            try:
-                msg = decode(frames)
-                self._dispatch(msg)
-            except ProtocolError as exc:
-                self.dropped += 1
-                if self.dropped == 1:
-                    log.warning("dropped malformed message from %s: %s", self.endpoint, exc)
-                if exc.cid is not None and (p := self._finish(exc.cid)) and not p.future.done():
-                    p.future.set_exception(ProtocolViolation(f"malformed reply: {exc.reason}"))
+    def _check_readable(self) -> None:
+        """Schedule the reader when the socket holds a message its FD may not signal."""
+        sock = self._sock
+        if sock is None or sock.closed or self._loop is None:
+            return
+        with contextlib.suppress(zmq.ZMQError):
+            if sock.get(zmq.EVENTS) & zmq.POLLIN:
+                self._loop.call_soon(self._on_readable)
+
+    def _on_readable(self) -> None:
+        """The loop's reader callback: handle what the socket holds (at most READ_BATCH
+        messages, then again next iteration)."""
+        sock = self._sock
+        if sock is None or sock.closed:
+            return
+        try:
+            for frames in waiting(sock, limit=READ_BATCH):
+                self._heard()
+                try:
+                    msg = decode(frames)
+                    self._dispatch(msg)
+                except ProtocolError as exc:
+                    self.dropped += 1
+                    if self.dropped == 1:
+                        log.warning("dropped malformed message from %s: %s", self.endpoint, exc)
+                    pending = self._finish(exc.cid) if exc.cid is not None else None
+                    if pending is not None and not pending.future.done():
+                        why = f"malformed reply: {exc.reason}"
+                        pending.future.set_exception(ProtocolViolation(why))
+                if sock is not self._sock:
+                    return  # replaced meanwhile (_lost): its messages are stale
+        except zmq.ZMQError:
+            if sock is self._sock and not sock.closed:
+                raise
+            return
+        finally:
+            # Messages left (the batch limit, or an exception above) get no new edge.
+            if sock is self._sock:
+                self._check_readable()
 
     def _dispatch(self, msg: Message) -> None:
         if isinstance(msg, RequestResult):
@@ -363,6 +399,6 @@ class BrokerConnection:
         self._fail_all(Unavailable(f"lost the broker at {self.endpoint}; retry"))
         # A fresh socket: the old one's queue would replay stale submits to a new broker.
         old = self._sock
-        self._open()
         if old is not None:
-            old.close(linger=0)
+            self._close_socket(old)
+        self._open()

@@ -37,3 +37,60 @@ async def test_a_duplicate_chunk_adds_neither_rows_nor_timings() -> None:
     assert pending.add(chunk([1], {"worker_compute": 2.0}))
     result = pending.result()
     assert result.timings["worker_compute"] == 2.0 and result.prompt_tokens == 6
+
+
+async def test_a_burst_of_results_larger_than_one_read_all_arrive(tmp_path) -> None:  # noqa: ANN001
+    """The connection reads its socket from the loop's reader callback, at most READ_BATCH
+    messages a wake-up, and zmq's descriptor signals edges only: every result of a burst
+    several times that size must still resolve its request, without another message to wake
+    the reader (a missed edge would leave them waiting for good)."""
+    import zmq
+    import zmq.asyncio
+
+    from mesh.client.connection import READ_BATCH, BrokerConnection
+    from mesh.config import Liveness
+    from proto_msgs import BrokerStats, OutputOptions, Pong, SubmitRequest, decode, encode
+
+    ctx = zmq.asyncio.Context()
+    endpoint = f"ipc://{tmp_path}/front"
+    broker = zmq.Context.instance().socket(zmq.ROUTER)
+    broker.bind(endpoint)
+    # Pings every 60 s: none comes to wake the reader within the test's wait.
+    conn = BrokerConnection(ctx, endpoint, Liveness(interval_s=60.0))
+    try:
+        await conn.start()
+
+        async def recv() -> tuple[bytes, object]:
+            for _ in range(500):
+                if broker.poll(0):
+                    frames = broker.recv_multipart(copy=False)
+                    return frames[0].bytes, decode(frames[1:])
+                await asyncio.sleep(0.01)
+            raise AssertionError("nothing reached the fake broker")
+
+        identity, ping = await recv()  # the connection pings at start
+        broker.send_multipart([identity, *encode(Pong(ping.cid, BrokerStats(), instance=1))])
+        assert await conn.wait_alive(5.0)
+        n = 3 * READ_BATCH + 7
+        pending = []
+        for _ in range(n):
+            request = SubmitRequest(
+                cid=conn.next_cid(), model="m", lane=0, timeout_ms=None, output=OutputOptions(),
+                token_ids=np.array([5], dtype=np.int32), offsets=np.array([0, 1], dtype=np.int32),
+            )  # fmt: skip
+            pending.append((request.cid, conn.submit(request, tokens=1)))
+        for cid, _ in pending:  # answered all at once, while the loop is busy here
+            result = RequestResult(
+                cid=cid, prompt_tokens=1, indices=np.array([0], dtype=np.int32),
+                embeddings=np.full((1, 4), cid, dtype=np.float32),
+            )  # fmt: skip
+            broker.send_multipart([identity, *encode(result)])
+        results = await asyncio.wait_for(
+            asyncio.gather(*(p.future for _, p in pending)), timeout=5
+        )
+        assert [int(r.embeddings[0, 0]) for r in results] == [cid for cid, _ in pending]
+        assert conn.outstanding_tokens == 0
+    finally:
+        await conn.close()
+        broker.close(linger=0)
+        ctx.term()

@@ -225,3 +225,21 @@ def test_the_folder_of_a_process_killed_outright_is_removed_by_the_next_pool(tmp
     finally:
         shutil.rmtree(left, ignore_errors=True)
         shutil.rmtree(alive, ignore_errors=True)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's SCHED_IDLE")
+@pytest.mark.parametrize("sched", ["", "idle"])
+async def test_children_run_at_the_bulk_nice_and_under_sched_idle_when_asked(
+    monkeypatch: pytest.MonkeyPatch, sched: str
+) -> None:
+    monkeypatch.setenv("EMBEDMESH_BULK_SCHED", sched)  # the children inherit it at spawn
+    pool = TokenizerPool(1, bulk_nice=5, processes=1)
+    try:
+        tok = pool.add("d", TOKENIZER_JSON, INFO)
+        await pool.encode(tok, TEXTS, truncate=True, priority=Lane.BATCH)  # past start-up
+        [child] = _child_pids(pool)
+        want = os.SCHED_IDLE if sched == "idle" else os.SCHED_OTHER
+        assert os.sched_getscheduler(child) == want
+        assert os.getpriority(os.PRIO_PROCESS, child) == os.getpriority(os.PRIO_PROCESS, 0) + 5
+    finally:
+        pool.close()
