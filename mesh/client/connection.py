@@ -1,4 +1,4 @@
-"""One client's link to one broker: the DEALER socket, its reader task and its pinger.
+"""One client's link to one broker: the DEALER socket, its reader callback and its pinger.
 
 Every request sent here ends exactly once: with its result, with the broker's error, with
 Unavailable when the broker goes silent for ``liveness`` intervals, or with DeadlineExceeded
