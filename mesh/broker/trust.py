@@ -36,7 +36,7 @@ CARD_FIELDS = (
 
 def submit_problem(msg: SubmitRequest, info: ModelInfo, lengths: np.ndarray) -> str | None:
     """Why ``msg`` cannot be served by ``info``'s model, said so the client can fix it; None
-    when it can. ``lengths`` is ``np.diff(msg.offsets)``, computed once by the caller.
+    when it can. ``lengths`` is ``msg.offsets[1:] - msg.offsets[:-1]``, computed once by the caller.
 
     The codec already checked the shapes (offsets rise from 0 to len(token_ids), ids >= 0).
     """

@@ -304,17 +304,15 @@ class BrokerConnection:
         try:
             for frames in waiting(sock, limit=READ_BATCH):
                 self._heard()
+                cid = None
                 try:
                     msg = decode(frames)
+                    # A chunk that does not fit its request (an index out of range, another
+                    # width) fails in _dispatch, with no cid on the error: it is the message's.
+                    cid = getattr(msg, "cid", None)
                     self._dispatch(msg)
                 except ProtocolError as exc:
-                    self.dropped += 1
-                    if self.dropped == 1:
-                        log.warning("dropped malformed message from %s: %s", self.endpoint, exc)
-                    pending = self._finish(exc.cid) if exc.cid is not None else None
-                    if pending is not None and not pending.future.done():
-                        why = f"malformed reply: {exc.reason}"
-                        pending.future.set_exception(ProtocolViolation(why))
+                    self._malformed(exc, exc.cid if exc.cid is not None else cid)
                 if sock is not self._sock:
                     return  # replaced meanwhile (_lost): its messages are stale
         except zmq.ZMQError:
@@ -325,6 +323,16 @@ class BrokerConnection:
             # Messages left (the batch limit, or an exception above) get no new edge.
             if sock is self._sock:
                 self._check_readable()
+
+    def _malformed(self, exc: ProtocolError, cid: int | None) -> None:
+        """A reply that could not be used: dropped, and the request it names (if any) fails
+        now instead of waiting out its deadline."""
+        self.dropped += 1
+        if self.dropped == 1:
+            log.warning("dropped malformed message from %s: %s", self.endpoint, exc)
+        pending = self._finish(cid) if isinstance(cid, int) else None
+        if pending is not None and not pending.future.done():
+            pending.future.set_exception(ProtocolViolation(f"malformed reply: {exc.reason}"))
 
     def _dispatch(self, msg: Message) -> None:
         if isinstance(msg, RequestResult):
@@ -398,7 +406,8 @@ class BrokerConnection:
         self.instance = None
         self._fail_all(Unavailable(f"lost the broker at {self.endpoint}; retry"))
         # A fresh socket: the old one's queue would replay stale submits to a new broker.
+        # Opened before the old one closes: if opening fails, the old socket stays usable.
         old = self._sock
+        self._open()
         if old is not None:
             self._close_socket(old)
-        self._open()

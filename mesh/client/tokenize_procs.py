@@ -69,11 +69,13 @@ def _child_start(nice: int, parent: int) -> None:
     if nice > 0:
         with contextlib.suppress(OSError):
             os.nice(nice)
-        if os.environ.get("EMBEDMESH_BULK_SCHED", "").strip() == "idle":
-            # Linux's SCHED_IDLE: run only on a core nothing else wants, and give way at
-            # once to any other task that wakes (mesh.config.BULK_NICE says what it costs).
-            with contextlib.suppress(OSError, AttributeError):
-                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    if os.environ.get("EMBEDMESH_BULK_SCHED", "").strip() == "idle":
+        # Linux's SCHED_IDLE: run only on a core nothing else wants, and give way at once to
+        # any other task that wakes (mesh.config.BULK_NICE says what it costs).
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (OSError, AttributeError) as exc:
+            log.warning("tokenizer process: SCHED_IDLE refused (%s)", exc)
     threading.Thread(target=_exit_with, args=(parent,), name="orphan-watch", daemon=True).start()
 
 

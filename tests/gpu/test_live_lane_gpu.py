@@ -87,3 +87,25 @@ def test_queries_on_the_live_lane_beside_bulk_match_the_engine_alone(model_dir: 
     for g, w in zip(got, want, strict=True):
         cos = torch.nn.functional.cosine_similarity(g, w, dim=1)
         assert cos.min().item() > 0.9999
+
+
+def test_lazy_captures_draw_no_stream_that_could_be_the_lanes(monkeypatch) -> None:
+    """torch hands streams out of a pool of 32 in turn. Captures run their warm pass on their
+    runner's capture stream, so a worker capturing bucket after bucket for hours never comes
+    round to the lane's capture stream (whose cuBLAS workspace the lane's graphs hold)."""
+    engine = Engine.load(MINILM_DIR, device="cuda")
+    lane = LiveLane(engine, INLINE_MAX_TOKENS)
+    lane.warmup()
+    drawn = []
+    real = torch.cuda.Stream
+
+    def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        stream = real(*args, **kwargs)
+        drawn.append(stream)
+        return stream
+
+    monkeypatch.setattr(torch.cuda, "Stream", counting)
+    engine.warmup([16, 32, 64, 128, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536])
+    assert len(engine.runner.graphs) >= 15
+    assert drawn == []  # every warm pass ran on the runner's own capture stream
+    assert lane.engine.runner.capture_stream != engine.runner.capture_stream

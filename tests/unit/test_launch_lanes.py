@@ -158,3 +158,25 @@ def test_the_ingress_lowers_its_own_priority_before_it_serves(
     order.clear()
     assert run_ingress_role(opts, Liveness(), roles.Security()) == 0
     assert order == ["serve"]  # the default: the same priority as the rest of the mesh
+
+
+def test_a_lanes_capture_stream_is_never_the_bulk_runners(monkeypatch) -> None:
+    """torch hands CUDA streams out of a pool in turn: a lane runner whose capture stream came
+    round to the bulk runner's draws again (their graphs would share a cuBLAS workspace)."""
+    from dataclasses import replace
+
+    import mesh.worker.engine.gpu as gpu
+    from mesh.worker.engine.card import default_model_path
+    from mesh.worker.engine.engine import Engine
+
+    class Runner:  # what Engine.live_lane reads of a GpuRunner
+        def __init__(self, *args: object) -> None:
+            self.capture_stream, self.eager_attn, self.graphs_on = "s1", object(), True
+            self.lazy_capture = True
+
+    draws = iter(["s1", "s2", "s3"])  # the pool comes round to s1 once more, then s2
+    monkeypatch.setattr(gpu, "GpuRunner", Runner)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: next(draws))
+    engine = replace(Engine.load(str(default_model_path()), device="cpu"), runner=Runner())
+    lane = engine.live_lane(1024)
+    assert lane.runner.capture_stream == "s2" and not lane.runner.lazy_capture

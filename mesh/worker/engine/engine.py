@@ -221,6 +221,12 @@ class Engine:
             self.model, self.card, self.device, max_tokens, self.runner.graphs_on, self.dense
         )
         runner.lazy_capture = False
+        # torch hands streams out of a pool of 32 in turn: should the lane's capture stream
+        # come round to the bulk runner's, their graphs would share one cuBLAS workspace.
+        for _ in range(32):
+            if runner.capture_stream is None or runner.capture_stream != self.runner.capture_stream:
+                break
+            runner.capture_stream = torch.cuda.Stream(self.device)
         return replace(self, runner=runner, attention=runner.eager_attn)
 
     @property

@@ -405,7 +405,11 @@ class GpuRunner:
         span_in = SpanBuffers.empty(rows, device=self.device) if spans else None
         # One planned length mix; replays re-plan with their own (same sequence slots).
         attn.plan(torch.tensor([0, rows], dtype=torch.int32), self.card.causal)
-        side = torch.cuda.Stream(self.device)
+        # The warm run on the capture stream itself: a fresh torch.cuda.Stream per capture would
+        # draw from torch's pool of 32, and a lazy capture's draw would in time come round to
+        # the live lane's capture stream, sharing its graphs' cuBLAS workspace for the warm
+        # run's GEMMs while lane graphs replay (the shared stream's deadlock, docs/gpu.md).
+        side = self.capture_stream or torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.inference_mode(), torch.cuda.stream(side):
             # A warm run first: lazy initialisation (cuBLAS handles, compiled kernels) must

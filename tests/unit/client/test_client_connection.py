@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
 from mesh.client.connection import _Pending
 from proto_msgs import RequestResult
@@ -85,11 +86,62 @@ async def test_a_burst_of_results_larger_than_one_read_all_arrive(tmp_path) -> N
                 embeddings=np.full((1, 4), cid, dtype=np.float32),
             )  # fmt: skip
             broker.send_multipart([identity, *encode(result)])
-        results = await asyncio.wait_for(
-            asyncio.gather(*(p.future for _, p in pending)), timeout=5
-        )
+        results = await asyncio.wait_for(asyncio.gather(*(p.future for _, p in pending)), timeout=5)
         assert [int(r.embeddings[0, 0]) for r in results] == [cid for cid, _ in pending]
         assert conn.outstanding_tokens == 0
+    finally:
+        await conn.close()
+        broker.close(linger=0)
+        ctx.term()
+
+
+async def test_a_result_that_does_not_fit_its_request_fails_it_at_once(tmp_path) -> None:  # noqa: ANN001
+    """A chunk whose index is out of its request's range decodes fine and fails when it is
+    added: that request fails then (ProtocolViolation), not at its deadline, and the next
+    request is served."""
+    import zmq
+    import zmq.asyncio
+
+    from mesh.client.connection import BrokerConnection
+    from mesh.config import Liveness
+    from mesh.errors import ProtocolViolation
+    from proto_msgs import BrokerStats, OutputOptions, Pong, SubmitRequest, decode, encode
+
+    ctx = zmq.asyncio.Context()
+    endpoint = f"ipc://{tmp_path}/f"
+    broker = zmq.Context.instance().socket(zmq.ROUTER)
+    broker.bind(endpoint)
+    conn = BrokerConnection(ctx, endpoint, Liveness(interval_s=60.0))
+    try:
+        await conn.start()
+        for _ in range(500):
+            if broker.poll(10):
+                break
+            await asyncio.sleep(0.01)
+        frames = broker.recv_multipart(copy=False)
+        identity, ping = frames[0].bytes, decode(frames[1:])
+        broker.send_multipart([identity, *encode(Pong(ping.cid, BrokerStats(), instance=1))])
+        assert await conn.wait_alive(5.0)
+
+        def send(index: int) -> tuple[int, asyncio.Future]:
+            request = SubmitRequest(
+                cid=conn.next_cid(), model="m", lane=0, timeout_ms=None, output=OutputOptions(),
+                token_ids=np.array([5], dtype=np.int32), offsets=np.array([0, 1], dtype=np.int32),
+            )  # fmt: skip
+            pending = conn.submit(request, tokens=1)
+            result = RequestResult(
+                cid=request.cid, prompt_tokens=1, indices=np.array([index], dtype=np.int32),
+                embeddings=np.ones((1, 4), dtype=np.float32),
+            )  # fmt: skip
+            broker.send_multipart([identity, *encode(result)])
+            return request.cid, pending.future
+
+        _, bad = send(index=3)  # the request has one sequence: index 3 does not exist
+        with pytest.raises(ProtocolViolation, match="malformed reply"):
+            await asyncio.wait_for(bad, timeout=5)
+        _, good = send(index=0)
+        assert (await asyncio.wait_for(good, timeout=5)).embeddings.shape == (1, 4)
+        assert conn.outstanding_tokens == 0 and conn.dropped == 1
     finally:
         await conn.close()
         broker.close(linger=0)
