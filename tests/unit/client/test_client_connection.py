@@ -6,9 +6,21 @@ import asyncio
 
 import numpy as np
 import pytest
+import zmq
+import zmq.asyncio
 
-from mesh.client.connection import _Pending
-from proto_msgs import RequestResult
+from mesh.client.connection import READ_BATCH, BrokerConnection, _Pending
+from mesh.config import Liveness
+from mesh.errors import ProtocolViolation
+from proto_msgs import (
+    BrokerStats,
+    OutputOptions,
+    Pong,
+    RequestResult,
+    SubmitRequest,
+    decode,
+    encode,
+)
 
 
 def chunk(indices: list[int], timings: dict[str, float], tokens: int = 3) -> RequestResult:
@@ -40,109 +52,75 @@ async def test_a_duplicate_chunk_adds_neither_rows_nor_timings() -> None:
     assert result.timings["worker_compute"] == 2.0 and result.prompt_tokens == 6
 
 
-async def test_a_burst_of_results_larger_than_one_read_all_arrive(tmp_path) -> None:  # noqa: ANN001
-    """The connection reads its socket from the loop's reader callback, at most READ_BATCH
-    messages a wake-up, and zmq's descriptor signals edges only: every result of a burst
-    several times that size must still resolve its request, without another message to wake
-    the reader (a missed edge would leave them waiting for good)."""
-    import zmq
-    import zmq.asyncio
+class _Linked:
+    """A BrokerConnection alive against a fake broker (a plain ROUTER this test drives)."""
 
-    from mesh.client.connection import READ_BATCH, BrokerConnection
-    from mesh.config import Liveness
-    from proto_msgs import BrokerStats, OutputOptions, Pong, SubmitRequest, decode, encode
+    def __init__(self, conn, broker, identity: bytes) -> None:  # noqa: ANN001
+        self.conn, self.broker, self.identity = conn, broker, identity
 
-    ctx = zmq.asyncio.Context()
-    endpoint = f"ipc://{tmp_path}/front"
-    broker = zmq.Context.instance().socket(zmq.ROUTER)
-    broker.bind(endpoint)
-    # Pings every 60 s: none comes to wake the reader within the test's wait.
-    conn = BrokerConnection(ctx, endpoint, Liveness(interval_s=60.0))
-    try:
-        await conn.start()
+    def submit(self) -> tuple[int, asyncio.Future]:
+        """One one-token request sent; its cid and future."""
+        request = SubmitRequest(
+            cid=self.conn.next_cid(), model="m", lane=0, timeout_ms=None, output=OutputOptions(),
+            token_ids=np.array([5], dtype=np.int32), offsets=np.array([0, 1], dtype=np.int32),
+        )  # fmt: skip
+        return request.cid, self.conn.submit(request, tokens=1).future
 
-        async def recv() -> tuple[bytes, object]:
-            for _ in range(500):
-                if broker.poll(0):
-                    frames = broker.recv_multipart(copy=False)
-                    return frames[0].bytes, decode(frames[1:])
-                await asyncio.sleep(0.01)
-            raise AssertionError("nothing reached the fake broker")
-
-        identity, ping = await recv()  # the connection pings at start
-        broker.send_multipart([identity, *encode(Pong(ping.cid, BrokerStats(), instance=1))])
-        assert await conn.wait_alive(5.0)
-        n = 3 * READ_BATCH + 7
-        pending = []
-        for _ in range(n):
-            request = SubmitRequest(
-                cid=conn.next_cid(), model="m", lane=0, timeout_ms=None, output=OutputOptions(),
-                token_ids=np.array([5], dtype=np.int32), offsets=np.array([0, 1], dtype=np.int32),
-            )  # fmt: skip
-            pending.append((request.cid, conn.submit(request, tokens=1)))
-        for cid, _ in pending:  # answered all at once, while the loop is busy here
-            result = RequestResult(
-                cid=cid, prompt_tokens=1, indices=np.array([0], dtype=np.int32),
-                embeddings=np.full((1, 4), cid, dtype=np.float32),
-            )  # fmt: skip
-            broker.send_multipart([identity, *encode(result)])
-        results = await asyncio.wait_for(asyncio.gather(*(p.future for _, p in pending)), timeout=5)
-        assert [int(r.embeddings[0, 0]) for r in results] == [cid for cid, _ in pending]
-        assert conn.outstanding_tokens == 0
-    finally:
-        await conn.close()
-        broker.close(linger=0)
-        ctx.term()
+    def answer(self, cid: int, index: int = 0) -> None:
+        result = RequestResult(
+            cid=cid, prompt_tokens=1, indices=np.array([index], dtype=np.int32),
+            embeddings=np.full((1, 4), cid, dtype=np.float32),
+        )  # fmt: skip
+        self.broker.send_multipart([self.identity, *encode(result)])
 
 
-async def test_a_result_that_does_not_fit_its_request_fails_it_at_once(tmp_path) -> None:  # noqa: ANN001
-    """A chunk whose index is out of its request's range decodes fine and fails when it is
-    added: that request fails then (ProtocolViolation), not at its deadline, and the next
-    request is served."""
-    import zmq
-    import zmq.asyncio
-
-    from mesh.client.connection import BrokerConnection
-    from mesh.config import Liveness
-    from mesh.errors import ProtocolViolation
-    from proto_msgs import BrokerStats, OutputOptions, Pong, SubmitRequest, decode, encode
-
+@pytest.fixture
+async def linked(tmp_path):  # noqa: ANN001, ANN201
     ctx = zmq.asyncio.Context()
     endpoint = f"ipc://{tmp_path}/f"
     broker = zmq.Context.instance().socket(zmq.ROUTER)
     broker.bind(endpoint)
+    # Pings every 60 s: none comes to wake the reader within a test's wait.
     conn = BrokerConnection(ctx, endpoint, Liveness(interval_s=60.0))
     try:
         await conn.start()
-        for _ in range(500):
-            if broker.poll(10):
+        for _ in range(500):  # the connection pings at start
+            if broker.poll(0):
                 break
             await asyncio.sleep(0.01)
         frames = broker.recv_multipart(copy=False)
         identity, ping = frames[0].bytes, decode(frames[1:])
         broker.send_multipart([identity, *encode(Pong(ping.cid, BrokerStats(), instance=1))])
         assert await conn.wait_alive(5.0)
-
-        def send(index: int) -> tuple[int, asyncio.Future]:
-            request = SubmitRequest(
-                cid=conn.next_cid(), model="m", lane=0, timeout_ms=None, output=OutputOptions(),
-                token_ids=np.array([5], dtype=np.int32), offsets=np.array([0, 1], dtype=np.int32),
-            )  # fmt: skip
-            pending = conn.submit(request, tokens=1)
-            result = RequestResult(
-                cid=request.cid, prompt_tokens=1, indices=np.array([index], dtype=np.int32),
-                embeddings=np.ones((1, 4), dtype=np.float32),
-            )  # fmt: skip
-            broker.send_multipart([identity, *encode(result)])
-            return request.cid, pending.future
-
-        _, bad = send(index=3)  # the request has one sequence: index 3 does not exist
-        with pytest.raises(ProtocolViolation, match="malformed reply"):
-            await asyncio.wait_for(bad, timeout=5)
-        _, good = send(index=0)
-        assert (await asyncio.wait_for(good, timeout=5)).embeddings.shape == (1, 4)
-        assert conn.outstanding_tokens == 0 and conn.dropped == 1
+        yield _Linked(conn, broker, identity)
     finally:
         await conn.close()
         broker.close(linger=0)
         ctx.term()
+
+
+async def test_a_burst_of_results_larger_than_one_read_all_arrive(linked: _Linked) -> None:
+    """The connection reads its socket from the loop's reader callback, at most READ_BATCH
+    messages a wake-up, and zmq's descriptor signals edges only: every result of a burst
+    several times that size must still resolve its request, without another message to wake
+    the reader (a missed edge would leave them waiting for good)."""
+    pending = [linked.submit() for _ in range(3 * READ_BATCH + 7)]
+    for cid, _ in pending:  # answered all at once, while the loop is busy here
+        linked.answer(cid)
+    results = await asyncio.wait_for(asyncio.gather(*(f for _, f in pending)), timeout=5)
+    assert [int(r.embeddings[0, 0]) for r in results] == [cid for cid, _ in pending]
+    assert linked.conn.outstanding_tokens == 0
+
+
+async def test_a_result_that_does_not_fit_its_request_fails_it_at_once(linked: _Linked) -> None:
+    """A chunk whose index is out of its request's range decodes fine and fails when it is
+    added: that request fails then (ProtocolViolation), not at its deadline, and the next
+    request is served."""
+    cid, bad = linked.submit()
+    linked.answer(cid, index=3)  # the request has one sequence: index 3 does not exist
+    with pytest.raises(ProtocolViolation, match="malformed reply"):
+        await asyncio.wait_for(bad, timeout=5)
+    cid, good = linked.submit()
+    linked.answer(cid)
+    assert (await asyncio.wait_for(good, timeout=5)).embeddings.shape == (1, 4)
+    assert linked.conn.outstanding_tokens == 0 and linked.conn.dropped == 1
