@@ -187,6 +187,8 @@ class BrokerConnection:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        self.alive = False  # a submit after close is refused as Unavailable, not an assert
+        self._alive_event.clear()
         self._fail_all(Unavailable(f"client closed its link to {self.endpoint}"))
         if self._sock is not None:
             self._close_socket(self._sock)
@@ -216,7 +218,8 @@ class BrokerConnection:
         sock.close(linger=0)
 
     def _send(self, msg: Message) -> None:
-        assert self._sock is not None
+        if self._sock is None:
+            raise Unavailable(f"the link to broker {self.endpoint} is closed")
         try:
             # DEALER send never blocks here unless the HWM is hit; NOBLOCK turns that into
             # an immediate Unavailable instead of an unbounded wait.

@@ -124,3 +124,13 @@ async def test_a_result_that_does_not_fit_its_request_fails_it_at_once(linked: _
     linked.answer(cid)
     assert (await asyncio.wait_for(good, timeout=5)).embeddings.shape == (1, 4)
     assert linked.conn.outstanding_tokens == 0 and linked.conn.dropped == 1
+
+
+async def test_a_closed_link_refuses_requests_as_unavailable(linked: _Linked) -> None:
+    from mesh.errors import Unavailable
+
+    await linked.conn.close()
+    with pytest.raises(Unavailable):
+        linked.submit()
+    with pytest.raises(Unavailable):
+        linked.conn._send(Pong(1, BrokerStats()))  # what the pinger or a cancel would send
