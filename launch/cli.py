@@ -195,6 +195,14 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     help="[worker] Diagnostics: cProfile the compute loop while serving, stats to this file.",
 )
 @click.option(
+    "--watchdog-s",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="[worker, all] Exit when holding batches with none answered for this long (a hung "
+    "device: the supervisor then starts a fresh worker); 0 = never. Default "
+    "mesh.config.WORKER_WATCHDOG_S (120).",
+)
+@click.option(
     "--test-hang-after",
     type=int,
     hidden=True,
@@ -389,6 +397,7 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
                 kernels=_kernels(opts),
                 exact_gelu=bool(opts["exact_gelu"]),
                 test_hang_after=opts["test_hang_after"],  # type: ignore[arg-type]
+                watchdog_s=opts["watchdog_s"],  # type: ignore[arg-type]
                 profile_out=opts["profile_out"],  # type: ignore[arg-type]
             )
             run_worker(cfg, liveness, security)

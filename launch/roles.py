@@ -99,6 +99,7 @@ class WorkerConfig:
     max_batch_requests: int
     threads: int | None
     test_hang_after: int | None = None
+    watchdog_s: float | None = None  # None: mesh.config.WORKER_WATCHDOG_S
     profile_out: str | None = None  # diagnostics: cProfile stats of the compute loop
     warmup_buckets: list[int] | None = None  # CUDA graphs to capture at start
     kernels: str | None = None  # CUDA: "torch" | "compile" | "fused"; None: the engine's choice
@@ -177,6 +178,7 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         max_batch_requests=cfg.max_batch_requests,
         device=cfg.device,
         test_hang_after=cfg.test_hang_after,
+        **({"watchdog_s": cfg.watchdog_s} if cfg.watchdog_s is not None else {}),
         profile_out=cfg.profile_out,
     )
     ctx = zmq.Context()

@@ -416,6 +416,7 @@ def role_commands(opts: dict[str, Any], frontend: str, backend: str) -> dict[str
                 "kernels",
                 "exact_gelu",
                 "no_compile",
+                "watchdog_s",
             ),
             *(["--threads", str(threads)] if threads is not None else []),
         ]

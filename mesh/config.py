@@ -20,6 +20,12 @@ BATCH_TIMEOUT_S = 60.0  # a batch not back by then marks its worker hung; 10..30
 # batch's compute; 5..300.
 HANG_S = 30.0
 MAX_ATTEMPTS = 3  # dispatches of one sequence before WORKER_FAILED; 2..5
+# A worker that holds batches and answers none for this long exits (code EXIT_HUNG), so that
+# its supervisor (mesh-launch, systemd) starts a fresh one: a device that deadlocked leaves its
+# threads in a synchronize for good, the GPU held, and the broker can only stop sending to it
+# (docs/gpu.md: the live lane's stall). Longer than HANG_S and than a first batch that waits
+# for FlashInfer's JIT (~40 s a head_dim); 0 turns it off; 60..600.
+WORKER_WATCHDOG_S = 120.0
 AGING_S = 1.0  # a batch-lane head older than this goes before interactive work; 0.2..10
 # Live work first: while a model has interactive work waiting, or had some within LIVE_WINDOW_S,
 # the batch-lane tokens each worker holds in flight stay within LIVE_BULK_BATCHES of its

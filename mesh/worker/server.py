@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import cProfile
+import faulthandler
 import logging
+import os
 import queue
 import resource
 import sys
@@ -29,7 +31,7 @@ import numpy as np
 import torch
 import zmq
 
-from mesh.config import Liveness
+from mesh.config import WORKER_WATCHDOG_S, Liveness
 from mesh.worker.link import BrokerLink, Incoming
 from mesh.worker.live_lane import LiveLane
 from mesh.worker.pipeline import Launched, ResultPipeline
@@ -56,6 +58,8 @@ INLINE_MAX_MS = 10.0  # 0 turns the inline path off; 1..50 is reasonable
 # query's device time (0.3-1.5 ms on an H200) ends without the driver's wake-up after it.
 # Nothing else waits for the GIL then (the worker is idle). 0..0.005 is reasonable.
 INLINE_SPIN_S = 0.002
+# The exit code of a worker its watchdog found hung (EX_SOFTWARE): a supervisor restarts it.
+EXIT_HUNG = 70
 
 
 class EmbeddingEngine(Protocol):
@@ -77,6 +81,8 @@ class WorkerOptions:
     # one of ``credits`` for it; needs an Engine (its live_lane sibling) and two credits.
     live_lane: bool = False
     profile_out: str | None = None  # diagnostics: cProfile the compute loop, stats here
+    # Exit (EXIT_HUNG) after holding batches this long with none answered; 0 = never.
+    watchdog_s: float = WORKER_WATCHDOG_S
 
 
 @dataclass
@@ -204,6 +210,8 @@ class WorkerServer:
         if self._lane_queue is not None:
             lane = threading.Thread(target=self._lane_loop, name="live-lane", daemon=True)
             lane.start()
+        if self.options.watchdog_s > 0:
+            threading.Thread(target=self._watchdog, name="watchdog", daemon=True).start()
         launched = 0
         cpu_at_start = time.thread_time()
         profile = cProfile.Profile() if self.options.profile_out else None
@@ -381,6 +389,29 @@ class WorkerServer:
             sender.send_multipart([str(item.epoch).encode(), *frames], copy=False)
         except zmq.ZMQError:  # lost reply: the broker's batch deadline requeues it
             log.exception("could not hand batch %d's reply to the link", item.batch.batch_id)
+
+    def _watchdog(self) -> None:
+        """Exit the process when it has held batches for ``watchdog_s`` and answered none.
+        Nothing else would: a deadlocked device leaves the threads waiting for good, the
+        broker only buries the worker, and the process keeps the GPU. Exiting, with every
+        thread's stack in the log, lets the supervisor start a fresh one."""
+        limit = self.options.watchdog_s
+        answered, since = -1, time.monotonic()
+        while not self._stop.wait(min(1.0, limit / 4)):
+            with self._busy_lock:
+                now_answered, held = self.stats.batches, self._outstanding
+            now = time.monotonic()
+            if now_answered != answered or held == 0:
+                answered, since = now_answered, now
+                continue
+            if now - since >= limit:
+                log.critical(
+                    "hung: %d batches held and none answered for %.0f s; exiting (code %d) "
+                    "for a fresh start. Every thread's stack:", held, now - since, EXIT_HUNG
+                )  # fmt: skip
+                faulthandler.dump_traceback(all_threads=True)
+                sys.stderr.flush()
+                os._exit(EXIT_HUNG)
 
     def _answered(self) -> None:
         """A batch's reply is with the link: count progress, free the worker. Under the lock:
