@@ -139,6 +139,24 @@ async def test_hung_worker_is_caught_by_the_batch_deadline(mesh: Mesh) -> None:
     assert "overdue" in mesh.logs()
 
 
+async def test_a_hung_worker_exits_for_a_fresh_one_and_its_work_finishes(mesh: Mesh) -> None:
+    """The watchdog: a worker process holding a batch it never answers exits with code 70
+    (its stacks in the log); the work it held is requeued and a fresh worker finishes it."""
+    from mesh.worker.server import EXIT_HUNG
+
+    mesh.start_broker("--orphan-grace", "60")
+    hung = mesh.start_worker("--test-hang-after", "0", "--watchdog-s", "2")
+    async with MeshClient(mesh.frontend, liveness=TEST_LIVENESS) as client:
+        await wait_for_workers(client, 1)
+        call = asyncio.create_task(client.embed(["held by a hung worker"], MODEL, timeout_s=90))
+        code = await asyncio.to_thread(hung.wait, 60)
+        assert code == EXIT_HUNG, mesh.logs()
+        mesh.start_worker()  # what the supervisor does after the exit
+        result = await call
+        assert result.embeddings.shape == (1, 384)
+    assert "hung: 1 batches held" in mesh.logs() and "Thread 0x" in mesh.logs()
+
+
 async def test_cancel_and_deadline_remove_queued_work(mesh: Mesh) -> None:
     mesh.start_broker()
     mesh.start_worker("--test-hang-after", "0")  # nothing ever completes: work stays queued
