@@ -20,6 +20,7 @@ import argparse
 import os
 import pstats
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -131,6 +132,7 @@ def main() -> None:
             p.wait(20)
     print("the ingress's event loop thread, by own time:")
     pstats.Stats(prof).strip_dirs().sort_stats("tottime").print_stats(18)
+    shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
