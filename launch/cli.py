@@ -397,7 +397,10 @@ def main(ctx: click.Context, role: str, **opts: object) -> None:
                 kernels=_kernels(opts),
                 exact_gelu=bool(opts["exact_gelu"]),
                 test_hang_after=opts["test_hang_after"],  # type: ignore[arg-type]
-                watchdog_s=opts["watchdog_s"],  # type: ignore[arg-type]
+                # Unset: the default, and not forwarded to the workers of --role all.
+                watchdog_s=config.WORKER_WATCHDOG_S
+                if opts["watchdog_s"] is None
+                else float(opts["watchdog_s"]),  # type: ignore[arg-type]
                 profile_out=opts["profile_out"],  # type: ignore[arg-type]
             )
             run_worker(cfg, liveness, security)

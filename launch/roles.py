@@ -12,7 +12,7 @@ from pathlib import Path
 
 import zmq
 
-from mesh.config import WORKER_CREDITS, Liveness
+from mesh.config import WORKER_CREDITS, WORKER_WATCHDOG_S, Liveness
 
 log = logging.getLogger("embedmesh.launch")
 
@@ -99,7 +99,7 @@ class WorkerConfig:
     max_batch_requests: int
     threads: int | None
     test_hang_after: int | None = None
-    watchdog_s: float | None = None  # None: mesh.config.WORKER_WATCHDOG_S
+    watchdog_s: float = WORKER_WATCHDOG_S  # 0: never
     profile_out: str | None = None  # diagnostics: cProfile stats of the compute loop
     warmup_buckets: list[int] | None = None  # CUDA graphs to capture at start
     kernels: str | None = None  # CUDA: "torch" | "compile" | "fused"; None: the engine's choice
@@ -178,7 +178,7 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         max_batch_requests=cfg.max_batch_requests,
         device=cfg.device,
         test_hang_after=cfg.test_hang_after,
-        **({"watchdog_s": cfg.watchdog_s} if cfg.watchdog_s is not None else {}),
+        watchdog_s=cfg.watchdog_s,
         profile_out=cfg.profile_out,
     )
     ctx = zmq.Context()
