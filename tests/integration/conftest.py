@@ -86,9 +86,10 @@ class Mesh:
         self.workers.append(proc)
         return proc
 
-    def logs(self) -> str:
+    def logs(self, tail: int | None = 3000) -> str:
+        """Every process's log, each cut to its last ``tail`` characters (None: whole)."""
         return "\n".join(
-            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self._logs
+            f"--- {p.name}\n{p.read_text(errors='replace')[-(tail or 0) :]}" for p in self._logs
         )
 
     def stop(self) -> None:
