@@ -62,6 +62,19 @@ INLINE_SPIN_S = 0.002
 EXIT_HUNG = 70
 
 
+def inline_max_ms_for(device_type: str, live_lane: bool = False) -> float:
+    """The inline bound for a worker on ``device_type``: none on CPU without a live lane, so
+    that every forward runs on the compute thread. torch's CPU kernels run on OpenMP
+    (libgomp), which keeps a thread team per thread that calls into it; once two threads have
+    run forwards (the compute thread's bulk, the link thread's inline queries), both run
+    their parallel regions about 1.5-2x slower for the rest of the process (a 15-token
+    MiniLM forward: 8 -> 13 ms on the 2-core VM; docs/benchmarks.md, "One thread for CPU
+    forwards"), while the hand-offs the inline path saves cost a fraction of a millisecond.
+    An explicit live lane on CPU keeps the bound: it asked for forwards on other threads.
+    On CUDA a forward's CPU side is kernel launches, not OpenMP work."""
+    return 0.0 if device_type == "cpu" and not live_lane else INLINE_MAX_MS
+
+
 class EmbeddingEngine(Protocol):
     """What the compute loop needs from an engine (mesh.worker.engine.Engine fits)."""
 

@@ -85,6 +85,35 @@ class _Card:
     activation, dense, lexical, multivector, colbert = None, (), False, None, None
 
 
+def _worker_options(monkeypatch: pytest.MonkeyPatch, device: str, **cfg: Any) -> Any:
+    """The WorkerOptions ``run_worker`` builds for ``cfg`` on a fake engine on ``device``."""
+    seen: dict[str, Any] = {}
+
+    def fake_server(ctx, engine, info, tokenizer, broker, options, liveness, connect):  # noqa: ANN001
+        seen["options"] = options
+        raise _Captured
+
+    monkeypatch.setattr("mesh.worker.engine.engine.Engine.load", lambda *a, **k: _Engine(device))
+    monkeypatch.setattr("mesh.worker.server.WorkerServer", fake_server)
+    config = roles.WorkerConfig(
+        **{
+            "broker": "ipc:///t/b",
+            "model": None,
+            "served_name": None,
+            "device": device,
+            "dtype": None,
+            "credits": None,
+            "max_batch_tokens": None,
+            "max_batch_requests": 64,
+            "threads": None,
+            **cfg,
+        }
+    )
+    with pytest.raises(_Captured):
+        roles.run_worker(config, Liveness(), roles.Security())
+    return seen["options"]
+
+
 @pytest.mark.parametrize(
     ("device", "credits", "want"),
     [
@@ -100,28 +129,23 @@ def test_a_worker_with_a_live_lane_grants_one_more_credit_by_default(
     credits: int | None,
     want: tuple[int, bool],
 ) -> None:
-    seen: dict[str, Any] = {}
+    options = _worker_options(monkeypatch, device, credits=credits)
+    assert (options.credits, options.live_lane) == want
 
-    def fake_server(ctx, engine, info, tokenizer, broker, options, liveness, connect):  # noqa: ANN001
-        seen["options"] = options
-        raise _Captured
 
-    monkeypatch.setattr("mesh.worker.engine.engine.Engine.load", lambda *a, **k: _Engine(device))
-    monkeypatch.setattr("mesh.worker.server.WorkerServer", fake_server)
-    cfg = roles.WorkerConfig(
-        broker="ipc:///t/b",
-        model=None,
-        served_name=None,
-        device=device,
-        dtype=None,
-        credits=credits,
-        max_batch_tokens=None,
-        max_batch_requests=64,
-        threads=None,
-    )
-    with pytest.raises(_Captured):
-        roles.run_worker(cfg, Liveness(), roles.Security())
-    assert (seen["options"].credits, seen["options"].live_lane) == want
+@pytest.mark.parametrize(
+    ("device", "lane", "inline"),
+    [("cpu", "auto", False), ("cuda", "auto", True), ("cuda", "off", True), ("cpu", "on", True)],
+)
+def test_a_cpu_worker_runs_every_forward_on_its_compute_thread(
+    monkeypatch: pytest.MonkeyPatch, device: str, lane: str, inline: bool
+) -> None:
+    """No inline path on CPU (two threads running torch forwards slow both down, see
+    ``inline_max_ms_for``), unless a live lane was asked for there."""
+    from mesh.worker.server import INLINE_MAX_MS
+
+    options = _worker_options(monkeypatch, device, live_lane=lane)
+    assert options.inline_max_ms == (INLINE_MAX_MS if inline else 0.0)
 
 
 def test_live_lane_and_ingress_nice_reach_only_the_roles_that_use_them() -> None:
