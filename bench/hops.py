@@ -6,7 +6,10 @@
 2. **client**: ``MeshClient.embed_tokens`` to the broker, the same token ids (the way the GPU
    benchmark drives the mesh), hops from ``EmbedResult.timings``;
 3. **http**: ``POST /v1/embeddings`` with the text, hops from the ``x-embedmesh-timings``
-   response header (asked for with ``X-Embedmesh-Timings: 1``).
+   response header (asked for with ``X-Embedmesh-Timings: 1``);
+4. **http_floor**: the same client against a bare aiohttp server answering the body the
+   mesh answered (:mod:`bench.http_floor`): what the HTTP stack costs with no ingress logic
+   and no mesh behind it.
 
 One query at a time, after a warm-up, each way. A way's hops are whatever names its source
 reports (``ingress_parse``, ``broker_queue``, ``worker_compute``, ...); a name that never
@@ -43,6 +46,7 @@ class Way:
     timings: list[dict[str, float]] = field(default_factory=list)
     errors: int = 0
     skipped: str = ""  # why this way was not measured ("" when it was)
+    body: bytes = b""  # the last successful response (HTTP), for the floor to answer
 
     def summary(self) -> dict[str, Any]:
         lat = self.latencies_ms
@@ -86,8 +90,21 @@ def measure(
     ways["http"] = _run(
         http_way(target.url, s.model_name, s.query, s.count, s.warmup, target.api_key)
     )
+    ways["http_floor"] = floor_way(ways["http"].body, s, say, label)
     summaries = {name: way.summary() for name, way in ways.items()}
     return {"config": label, "query": s.query, "count": s.count, "ways": summaries}
+
+
+def floor_way(body: bytes, s: Setup, say: Callable[[str], None], label: str) -> Way:
+    """The HTTP stack alone: the same client against :mod:`bench.http_floor` answering
+    ``body`` (the mesh's answer to the query)."""
+    from bench.http_floor import FloorServer
+
+    if not body:
+        return Way(skipped="no successful HTTP response to answer with")
+    say(f"{label} hops: HTTP stack alone (bench.http_floor) ...")
+    with FloorServer(body) as floor:
+        return _run(http_way(floor.url, s.model_name, s.query, s.count, s.warmup))
 
 
 def _run(coro: Coroutine[Any, Any, Way]) -> Way:
@@ -118,7 +135,7 @@ async def http_way(
         for i in range(warmup + count):
             t0 = time.perf_counter()
             async with session.post(url.rstrip("/") + "/embeddings", data=body) as resp:
-                await resp.read()
+                answer = await resp.read()
                 ms = (time.perf_counter() - t0) * 1000
                 ok, header = resp.status == 200, resp.headers.get(TIMINGS_HEADER)
             if i < warmup:
@@ -126,6 +143,7 @@ async def http_way(
             if not ok:
                 way.errors += 1
                 continue
+            way.body = answer
             way.latencies_ms.append(ms)
             way.timings.append(parse_timings(header))
     return way

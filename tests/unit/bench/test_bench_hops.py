@@ -100,7 +100,32 @@ async def test_measure_runs_every_way_and_skips_the_client_without_a_broker(
                        engine_device="cpu", broker=None)  # fmt: skip
     said: list[str] = []
     h = await asyncio.to_thread(hops.measure, "(defaults)", target, setup, said.append)
-    assert list(h["ways"]) == ["engine", "client", "http"]
+    assert list(h["ways"]) == ["engine", "client", "http", "http_floor"]
     assert h["ways"]["client"]["skipped"] and h["ways"]["http"]["count"] == 4
     assert h["ways"]["http"]["hops_p50_ms"]["ingress_tokenize"] == 0.2
-    assert stub.calls == 5 and any("HTTP" in line for line in said)
+    # The floor answered the same client the stub's body, from a server of its own.
+    floor = h["ways"]["http_floor"]
+    assert floor["count"] == 4 and not floor["skipped"] and floor["hops_p50_ms"] == {}
+    assert stub.calls == 5 and any("HTTP stack alone" in line for line in said)
+
+
+async def test_the_floor_server_answers_the_body_it_was_given_to_any_query() -> None:
+    import aiohttp
+
+    from bench.http_floor import FloorServer
+
+    body = b'{"object":"list","data":[]}'
+    with FloorServer(body) as floor:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(floor.url + "/embeddings", data=b'{"input":"q"}') as resp,
+        ):
+            assert resp.status == 200 and await resp.read() == body
+        way = await http_way(floor.url, "m", "q", count=3, warmup=1)
+    assert len(way.latencies_ms) == 3 and way.errors == 0 and way.body == body
+
+
+def test_without_a_successful_http_answer_the_floor_is_skipped_saying_why() -> None:
+    setup = hops.Setup("q", 1, 0, "m", None, "cpu", None)
+    way = hops.floor_way(b"", setup, print, "u")
+    assert way.skipped and "no successful HTTP response" in way.skipped
