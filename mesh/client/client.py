@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 
@@ -58,6 +59,9 @@ from proto_msgs import (
 __all__ = ["EmbedResult", "MeshClient", "ValidRequest"]
 
 
+log = logging.getLogger("embedmesh.client")
+
+
 class MeshClient:
     def __init__(
         self,
@@ -68,7 +72,12 @@ class MeshClient:
         tokenize_processes: int = 0,
         connect: Callable[[zmq.Socket, str], None] | None = None,
         default_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        prefetch_tokenizers: bool = False,
     ) -> None:
+        """``prefetch_tokenizers``: fetch each served model's tokenizer as soon as a catalog
+        lists it (starting the tokenizer processes, if any), not on its first request, which
+        then paid the fetch and the children's start-up (about a second of CPU each, on the
+        cores serving it): for a client that tokenizes texts, as the ingress."""
         endpoints = [brokers] if isinstance(brokers, str) else list(brokers)
         if not endpoints:
             raise ValueError("MeshClient needs at least one broker endpoint")
@@ -78,9 +87,10 @@ class MeshClient:
         self.seen = ModelBook()  # every model a broker listed: the one owner of "seen"
         # Each catalog reply (every heartbeat) refreshes "seen", so a quiet client still knows
         # when a model was last served, not only when it last asked.
+        self._prefetch = prefetch_tokenizers
         self.brokers = [
             BrokerConnection(
-                self._ctx, ep, self.liveness, connect=connect, on_catalog=lambda _: self.models()
+                self._ctx, ep, self.liveness, connect=connect, on_catalog=self._on_catalog
             )
             for ep in endpoints
         ]
@@ -121,6 +131,15 @@ class MeshClient:
 
     # ---- catalog ------------------------------------------------------------------------------
 
+    def _on_catalog(self, _: object) -> None:
+        served = self.models()
+        if not self._prefetch:
+            return
+        for model in served:
+            if self.tokenizers.get(_tokenizer_key(model)) is None:
+                # Retrieved here: a failed prefetch is retried by the first request.
+                self._fetch(model).add_done_callback(_ignore_failure)
+
     def models(self) -> list[ModelInfo]:
         """The union of live brokers' catalogs (worker counts summed); remembered as seen."""
         merged: dict[str, ModelInfo] = {}
@@ -158,16 +177,20 @@ class MeshClient:
         return model
 
     async def tokenizer(self, model: ModelInfo) -> ModelTokenizer:
-        key = f"{model.tokenizer_digest}:{model.max_input_tokens}"
-        tok = self.tokenizers.get(key)
+        tok = self.tokenizers.get(_tokenizer_key(model))
         if tok is not None:
             return tok
+        return await asyncio.shield(self._fetch(model))
+
+    def _fetch(self, model: ModelInfo) -> asyncio.Future[ModelTokenizer]:
+        """The one fetch of ``model``'s tokenizer under way, started if none is."""
+        key = _tokenizer_key(model)
         fetch = self._tokenizer_fetches.get(key)
         if fetch is None:
             fetch = asyncio.ensure_future(self._fetch_tokenizer(key, model))
             self._tokenizer_fetches[key] = fetch
             fetch.add_done_callback(lambda _: self._tokenizer_fetches.pop(key, None))
-        return await asyncio.shield(fetch)
+        return fetch
 
     async def _fetch_tokenizer(self, key: str, model: ModelInfo) -> ModelTokenizer:
         for broker in self.brokers:
@@ -421,3 +444,13 @@ def _find(models: list[ModelInfo], name: str) -> ModelInfo | None:
         if m.name == name or name in m.aliases:
             return m
     return None
+
+
+def _tokenizer_key(model: ModelInfo) -> str:
+    """Models that share a tokenizer and a length limit share its ModelTokenizer."""
+    return f"{model.tokenizer_digest}:{model.max_input_tokens}"
+
+
+def _ignore_failure(fetch: asyncio.Future[ModelTokenizer]) -> None:
+    if not fetch.cancelled() and fetch.exception() is not None:
+        log.debug("prefetching a tokenizer failed: %s", fetch.exception())

@@ -94,6 +94,7 @@ def create_app(cfg: IngressConfig, client: MeshClient | None = None) -> web.Appl
             tokenizer_threads=cfg.tokenizer_threads,
             tokenize_processes=cfg.tokenize_processes,
             default_timeout_s=cfg.request_timeout_s,
+            prefetch_tokenizers=True,
         )
     state = IngressState(cfg, client, Catalog(client), IngressMetrics(client), owns)
     app = web.Application(

@@ -65,6 +65,7 @@ async def serve(
         tokenize_processes=cfg.tokenize_processes,
         connect=connect,
         default_timeout_s=cfg.request_timeout_s,
+        prefetch_tokenizers=True,
     )
     await client.start()
     app = create_app(cfg, client)
