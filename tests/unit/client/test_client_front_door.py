@@ -99,3 +99,27 @@ def test_the_early_429_measures_the_backlog_against_the_calls_own_timeout(
     with pytest.raises(Overloaded, match="after its 5s timeout"):
         client.prepare_tokens(ids, offsets, "tiny", timeout_s=5.0)
     client.prepare_tokens(ids, offsets, "tiny", timeout_s=60.0)
+
+
+def test_the_merged_catalog_follows_every_new_catalog_and_every_broker_liveness() -> None:
+    """models() keeps its merge until a broker's catalog or liveness changes: each change
+    shows at once (two brokers' worker counts summed, a dead broker's left out)."""
+    c = MeshClient(["ipc:///nowhere-a", "ipc:///nowhere-b"])
+    try:
+        a, b = c.brokers
+        a.alive = b.alive = True
+        a.models, b.models = [MODEL], [ModelInfo(**{**MODEL.__dict__, "workers": 2})]
+        first = c.models()
+        assert [m.workers for m in first] == [3] and c.models() is first  # nothing changed
+        b.alive = False
+        assert [m.workers for m in c.models()] == [1]
+        b.alive = True
+        b.models = [ModelInfo(**{**MODEL.__dict__, "workers": 5})]  # b's next catalog
+        assert [m.workers for m in c.models()] == [6]
+        a.models = []
+        assert [m.workers for m in c.models()] == [5]
+        a.alive = b.alive = False
+        assert c.models() == []
+    finally:
+        c.tokenizers.close()
+        c._ctx.destroy(linger=0)
