@@ -85,6 +85,12 @@ def run_ingress_role(opts: dict, liveness: Liveness, security: Security) -> int:
     from mesh.ingress.server import serve
 
     cfg = ingress_config(opts, liveness)
+    # Read: the processes this one starts (its tokenizer processes, started with it) need no
+    # key, and would otherwise inherit it in their environment.
+    from launch.supervisor import SECRET_ENV
+
+    for name in SECRET_ENV:
+        os.environ.pop(name, None)
     connect = client_connector(security, "ingress")
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: every thread's stack
     nice = int(opts.get("ingress_nice") or 0)
