@@ -124,7 +124,7 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
 
     from mesh.worker.engine.card import default_model_path
     from mesh.worker.engine.engine import Engine
-    from mesh.worker.server import WorkerOptions, WorkerServer, inline_max_ms_for
+    from mesh.worker.server import WorkerOptions, WorkerServer
     from proto_msgs import ModelInfo
 
     dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
@@ -178,7 +178,6 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         max_batch_requests=cfg.max_batch_requests,
         device=cfg.device,
         test_hang_after=cfg.test_hang_after,
-        inline_max_ms=inline_max_ms_for(engine.device.type, live),
         watchdog_s=cfg.watchdog_s,
         profile_out=cfg.profile_out,
     )

@@ -5,9 +5,10 @@ The link decodes batches into a queue; the compute loop launches each on the eng
 output groups' post-processing (Matryoshka prefix, normalization, quantization; see
 :mod:`mesh.worker.pipeline`); the finisher waits for each batch's results in order, encodes
 them and hands them back to the link over inproc. So (de)serialization and the next batch's
-preparation overlap the device's work. An idle worker runs a small, quick batch (a live
+preparation overlap the device's work. An idle CUDA worker runs a small, quick batch (a live
 query) on the link thread from end to end instead, sparing it three thread hand-offs
-(:meth:`WorkerServer._accept`). With a live lane (:mod:`mesh.worker.live_lane`), every
+(:meth:`WorkerServer._accept`; a CPU worker runs every forward on the compute thread, see
+:func:`inline_max_ms_for`). With a live lane (:mod:`mesh.worker.live_lane`), every
 batch of the lane's size runs on the lane, busy or idle: on the link thread when quick and
 the lane is free, else on the lane's own thread.
 """
@@ -48,7 +49,7 @@ from proto_msgs import (
 log = logging.getLogger("embedmesh.worker")
 
 SWITCH_INTERVAL_S = 0.0005  # GIL handoff bound while serving; see WorkerServer.run
-# An idle worker runs a batch on the link thread itself when it is a live query's size (the
+# An idle (CUDA) worker runs a batch on the link thread itself when it is a live query's size (the
 # ingress sends more than this many tokens on the batch lane) and batches of that size took
 # at most this long lately (scaled by tokens). Bounds how long the link stops reading (and
 # heartbeating) and how long a batch arriving meanwhile waits. See WorkerServer._accept.
@@ -89,7 +90,9 @@ class WorkerOptions:
     max_batch_requests: int
     device: str
     test_hang_after: int | None = None  # test hook: the compute loop hangs after N batches
-    inline_max_ms: float = INLINE_MAX_MS  # 0: every batch goes through the compute thread
+    # 0: every batch goes through the compute thread; None: inline_max_ms_for the engine's
+    # device (none on CPU without a live lane).
+    inline_max_ms: float | None = None
     # Run small batches beside bulk on a lane of their own (mesh.worker.live_lane), keeping
     # one of ``credits`` for it; needs an Engine (its live_lane sibling) and two credits.
     live_lane: bool = False
@@ -187,7 +190,10 @@ class WorkerServer:
         # lane found slow once (a GC pause) takes the link thread again once it is quick.
         self._small: tuple[int, float] | None = None
         # The test hook hangs the compute loop, which the inline path would step around.
-        self._inline_max_ms = 0.0 if options.test_hang_after is not None else options.inline_max_ms
+        bound = options.inline_max_ms
+        if bound is None:
+            bound = inline_max_ms_for(self.device.type, options.live_lane)
+        self._inline_max_ms = 0.0 if options.test_hang_after is not None else bound
         if self.live is not None:  # warmed up (its graphs captured): no cold start to fear
             self._small = (16, self.live.warmup())
             log.info("live lane up: batches of at most %d tokens; 16 tokens in %.2f ms "

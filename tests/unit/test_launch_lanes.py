@@ -133,21 +133,6 @@ def test_a_worker_with_a_live_lane_grants_one_more_credit_by_default(
     assert (options.credits, options.live_lane) == want
 
 
-@pytest.mark.parametrize(
-    ("device", "lane", "inline"),
-    [("cpu", "auto", False), ("cuda", "auto", True), ("cuda", "off", True), ("cpu", "on", True)],
-)
-def test_a_cpu_worker_runs_every_forward_on_its_compute_thread(
-    monkeypatch: pytest.MonkeyPatch, device: str, lane: str, inline: bool
-) -> None:
-    """No inline path on CPU (two threads running torch forwards slow both down, see
-    ``inline_max_ms_for``), unless a live lane was asked for there."""
-    from mesh.worker.server import INLINE_MAX_MS
-
-    options = _worker_options(monkeypatch, device, live_lane=lane)
-    assert options.inline_max_ms == (INLINE_MAX_MS if inline else 0.0)
-
-
 def test_live_lane_and_ingress_nice_reach_only_the_roles_that_use_them() -> None:
     from launch.supervisor import role_commands
 

@@ -58,7 +58,7 @@ def next_reply(router: zmq.Socket):
 
 @contextmanager
 def serving(
-    engine: Any, endpoint: str, inline_max_ms: float = 10.0, credits: int = 2, **options: Any
+    engine: Any, endpoint: str, inline_max_ms: float | None = 10.0, credits: int = 2, **options: Any
 ) -> Iterator[tuple[zmq.Socket, bytes, WorkerServer]]:
     """A running WorkerServer around ``engine``, the ROUTER it said READY to, and its
     identity there; stopped (and its thread joined) on exit. ``options``: more
