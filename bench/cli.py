@@ -230,7 +230,8 @@ def _bench_config(report: Report, spawn_args: str | None, o: dict[str, Any]) -> 
 def _hops(
     label: str, spawn_args: str | None, mesh: SpawnedMesh | None, target: Target, o: dict[str, Any]
 ) -> dict[str, Any]:
-    """``--mode hops``: the same query through the engine alone, MeshClient and HTTP."""
+    """``--mode hops``: the same query through the engine alone, MeshClient, HTTP and a
+    bare HTTP server (the HTTP stack's floor)."""
     model_dir, device = hops.engine_from_spawn(spawn_args or "")
     setup = hops.Setup(
         query=o["hops_query"],
@@ -262,7 +263,7 @@ def _hops(
     help="closed: N clients back to back; open: Poisson arrivals at --rate; "
     "latency: one short query at a time; mixed: bulk on the batch lane alone, then bulk plus "
     "live queries at --live-rate on the interactive lane; hops: one query's time per hop, "
-    "engine alone vs MeshClient vs HTTP. Repeatable.",
+    "engine alone vs MeshClient vs HTTP vs a bare HTTP server. Repeatable.",
 )
 @click.option(
     "--procs",

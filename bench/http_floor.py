@@ -62,7 +62,11 @@ class FloorServer:
         port = free_port()
         cmd = [sys.executable, "-m", "bench.http_floor", "--port", str(port), "--body", str(path)]
         self._proc = subprocess.Popen(cmd)
-        _wait_listening(port, self._proc)
+        try:
+            _wait_listening(port, self._proc)
+        except BaseException:
+            self.__exit__()
+            raise
         self.url = f"http://127.0.0.1:{port}/v1"
         return self
 
@@ -70,8 +74,10 @@ class FloorServer:
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
+            self._proc = None
         if self._tmp is not None:
             self._tmp.cleanup()
+            self._tmp = None
 
 
 def _wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
@@ -84,7 +90,6 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
             return
         except OSError:
             time.sleep(0.05)
-    proc.kill()
     raise RuntimeError(f"the floor server did not listen on port {port} in {READY_WAIT_S:.0f} s")
 
 
