@@ -17,7 +17,6 @@ One front door: a request is resolved and validated once (``prepare_texts`` /
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -45,15 +44,14 @@ from mesh.client.request import (
 )
 from mesh.client.scores import activate
 from mesh.client.tokenize import ModelTokenizer, TokenizerPool
+from mesh.client.tokenizer_fetch import TokenizerFetcher
 from mesh.config import DEFAULT_REQUEST_TIMEOUT_S, Liveness
-from mesh.errors import DeadlineExceeded, InvalidInput, MeshError, ModelNotFound, Unavailable
+from mesh.errors import DeadlineExceeded, InvalidInput, ModelNotFound, Unavailable
 from proto_msgs import (
     Lane,
     ModelInfo,
     OutputOptions,
     SubmitRequest,
-    TokenizerReply,
-    TokenizerRequest,
 )
 
 __all__ = ["EmbedResult", "MeshClient", "ValidRequest"]
@@ -100,7 +98,7 @@ class MeshClient:
         # client owns, as the ingress; off by default, since spawning children re-imports the
         # caller's main module (an unguarded script would run again in each).
         self.tokenizers = TokenizerPool(tokenizer_threads, processes=tokenize_processes)
-        self._tokenizer_fetches: dict[str, asyncio.Future[ModelTokenizer]] = {}
+        self._fetcher = TokenizerFetcher(self.brokers, self.tokenizers, self.liveness)
 
     async def __aenter__(self) -> MeshClient:
         await self.start()
@@ -126,6 +124,7 @@ class MeshClient:
         raise Unavailable(f"no broker serving {model or 'anything'} within {timeout_s}s")
 
     async def close(self) -> None:
+        self._fetcher.close()
         for broker in self.brokers:
             await broker.close()
         self.tokenizers.close()
@@ -135,27 +134,23 @@ class MeshClient:
 
     def _on_catalog(self, _: object) -> None:
         served = self.models()
-        if not self._prefetch:
-            return
-        for model in served:
-            if self.tokenizers.get(_tokenizer_key(model)) is None:
-                # Retrieved here: a failed prefetch is retried by the first request.
-                self._fetch(model).add_done_callback(_ignore_failure)
+        if self._prefetch:
+            self._fetcher.prefetch(served)
 
     def models(self) -> list[ModelInfo]:
         """The union of live brokers' catalogs (worker counts summed); remembered as seen.
-        Read-only: the list is shared until a broker's catalog or liveness changes (every
-        request resolves its model here; merging anew cost 15 µs a request with one model,
-        more with each model served)."""
+        The merge is kept until a broker's catalog or liveness changes (every request
+        resolves its model here; merging anew cost 15 µs a request with one model, more with
+        each model served): the ModelInfo objects are shared, read them only."""
         current = [b.models if b.alive else None for b in self.brokers]
         merged_from, served = self._merged
         if len(merged_from) == len(current) and all(
             a is b for a, b in zip(merged_from, current, strict=True)
         ):
-            return served
+            return list(served)
         served = self._merge()
         self._merged = (current, served)
-        return served
+        return list(served)
 
     def _merge(self) -> list[ModelInfo]:
         merged: dict[str, ModelInfo] = {}
@@ -193,33 +188,8 @@ class MeshClient:
         return model
 
     async def tokenizer(self, model: ModelInfo) -> ModelTokenizer:
-        tok = self.tokenizers.get(_tokenizer_key(model))
-        if tok is not None:
-            return tok
-        return await asyncio.shield(self._fetch(model))
-
-    def _fetch(self, model: ModelInfo) -> asyncio.Future[ModelTokenizer]:
-        """The one fetch of ``model``'s tokenizer under way, started if none is."""
-        key = _tokenizer_key(model)
-        fetch = self._tokenizer_fetches.get(key)
-        if fetch is None:
-            fetch = asyncio.ensure_future(self._fetch_tokenizer(key, model))
-            self._tokenizer_fetches[key] = fetch
-            fetch.add_done_callback(lambda _: self._tokenizer_fetches.pop(key, None))
-        return fetch
-
-    async def _fetch_tokenizer(self, key: str, model: ModelInfo) -> ModelTokenizer:
-        for broker in self.brokers:
-            if not broker.alive:
-                continue
-            with contextlib.suppress(MeshError):
-                reply = await broker.ask(
-                    TokenizerRequest(cid=broker.next_cid(), digest=model.tokenizer_digest),
-                    timeout_s=max(2.0, self.liveness.expiry_s),
-                )
-                if isinstance(reply, TokenizerReply) and reply.found:
-                    return self.tokenizers.add(key, reply.content, model)
-        raise Unavailable(f"no broker could give the tokenizer of {model.name!r}")
+        """``model``'s tokenizer (fetched from a broker the first time)."""
+        return await self._fetcher.get(model)
 
     # ---- the front door: resolve and validate once ----------------------------------------------
 
@@ -460,13 +430,3 @@ def _find(models: list[ModelInfo], name: str) -> ModelInfo | None:
         if m.name == name or name in m.aliases:
             return m
     return None
-
-
-def _tokenizer_key(model: ModelInfo) -> str:
-    """Models that share a tokenizer and a length limit share its ModelTokenizer."""
-    return f"{model.tokenizer_digest}:{model.max_input_tokens}"
-
-
-def _ignore_failure(fetch: asyncio.Future[ModelTokenizer]) -> None:
-    if not fetch.cancelled() and fetch.exception() is not None:
-        log.debug("prefetching a tokenizer failed: %s", fetch.exception())

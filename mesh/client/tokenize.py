@@ -225,7 +225,11 @@ class TokenizerPool:
         return self._by_digest.get(digest)
 
     def add(self, digest: str, tokenizer_json: bytes, model: ModelInfo) -> ModelTokenizer:
-        tok = ModelTokenizer(tokenizer_json, model, digest)
+        return self.add_built(digest, tokenizer_json, ModelTokenizer(tokenizer_json, model, digest))
+
+    def add_built(self, digest: str, tokenizer_json: bytes, tok: ModelTokenizer) -> ModelTokenizer:
+        """:meth:`add` of a tokenizer built already (off the event loop: a large one takes a
+        while to parse)."""
         if self._procs is not None:
             self._procs.add(digest, tokenizer_json)
         self._by_digest[digest] = tok

@@ -88,9 +88,11 @@ class Mesh:
 
     def logs(self, tail: int | None = 3000) -> str:
         """Every process's log, each cut to its last ``tail`` characters (None: whole)."""
-        return "\n".join(
-            f"--- {p.name}\n{p.read_text(errors='replace')[-(tail or 0) :]}" for p in self._logs
-        )
+
+        def cut(text: str) -> str:
+            return text if tail is None else text[max(0, len(text) - tail) :]
+
+        return "\n".join(f"--- {p.name}\n{cut(p.read_text(errors='replace'))}" for p in self._logs)
 
     def stop(self) -> None:
         procs = [p for p in [self.broker, *self.workers] if p is not None]

@@ -110,7 +110,9 @@ def test_the_merged_catalog_follows_every_new_catalog_and_every_broker_liveness(
         a.alive = b.alive = True
         a.models, b.models = [MODEL], [ModelInfo(**{**MODEL.__dict__, "workers": 2})]
         first = c.models()
-        assert [m.workers for m in first] == [3] and c.models() is first  # nothing changed
+        again = c.models()  # nothing changed: the same merge, in a list of the caller's own
+        assert [m.workers for m in first] == [3] and again == first and again is not first
+        assert all(a is b for a, b in zip(again, first, strict=True))
         b.alive = False
         assert [m.workers for m in c.models()] == [1]
         b.alive = True

@@ -14,6 +14,7 @@ import zmq
 
 from mesh.client import MeshClient
 from mesh.config import Liveness
+from mesh.errors import Unavailable
 from mesh.worker.engine.card import default_model_path, read_card
 from proto_msgs import (
     BrokerStats,
@@ -40,6 +41,8 @@ class StandInBroker:
 
     def __init__(self, endpoint: str) -> None:
         self.asked: list[str] = []
+        self.has_tokenizer = True  # False: TokenizerReply(found=False)
+        self.tokenizer_delay_s = 0.0  # before answering a TokenizerRequest
         self._sock = zmq.Context.instance().socket(zmq.ROUTER)
         self._sock.bind(endpoint)
         self._stop = threading.Event()
@@ -59,7 +62,8 @@ class StandInBroker:
             elif isinstance(msg, CatalogRequest):
                 reply = CatalogReply(msg.cid, [MODEL])
             elif isinstance(msg, TokenizerRequest):
-                found = msg.digest == MODEL.tokenizer_digest
+                self._stop.wait(self.tokenizer_delay_s)
+                found = self.has_tokenizer and msg.digest == MODEL.tokenizer_digest
                 reply = TokenizerReply(
                     msg.cid, msg.digest, found, CARD.tokenizer_json if found else b""
                 )
@@ -114,3 +118,50 @@ async def test_a_plain_client_fetches_no_tokenizer_it_was_not_asked_for(broker) 
         assert "TokenizerRequest" not in stand_in.asked
         await client.prepare_texts(["hello world"], "m")
         assert stand_in.asked.count("TokenizerRequest") == 1
+
+
+async def test_a_failing_prefetch_is_said_once_and_not_asked_again_every_heartbeat(
+    broker, caplog
+) -> None:
+    stand_in, endpoint = broker
+    stand_in.has_tokenizer = False  # e.g. a broker restarted without the file
+    async with MeshClient(
+        endpoint, liveness=Liveness(interval_s=0.1), prefetch_tokenizers=True
+    ) as client:
+        assert await _until(lambda: "TokenizerRequest" in stand_in.asked)
+        catalogs = stand_in.asked.count("CatalogRequest")
+        await asyncio.sleep(1.0)  # about ten more catalogs
+        assert stand_in.asked.count("CatalogRequest") >= catalogs + 5
+        assert stand_in.asked.count("TokenizerRequest") == 1  # retried after 30 s, not each
+        warned = [r for r in caplog.records if "could not prefetch" in r.getMessage()]
+        assert len(warned) == 1
+        # A request still asks (and fails clearly) instead of waiting for the retry.
+        with pytest.raises(Unavailable, match="tokenizer"):
+            await client.prepare_texts(["hello"], "m")
+        assert stand_in.asked.count("TokenizerRequest") == 2
+
+
+async def test_closing_with_a_prefetch_in_flight_cancels_it(broker) -> None:
+    stand_in, endpoint = broker
+    stand_in.tokenizer_delay_s = 0.5
+    client = MeshClient(endpoint, liveness=Liveness(interval_s=0.2), prefetch_tokenizers=True)
+    await client.start()
+    assert await _until(lambda: "TokenizerRequest" in stand_in.asked)
+    fetches = list(client._fetcher._fetches.values())
+    assert fetches
+    await client.close()
+    assert await _until(lambda: not client._fetcher._fetches, 2.0)  # callbacks delivered
+    assert all(f.cancelled() for f in fetches)
+    await asyncio.sleep(0.7)  # the broker's late reply finds nothing to fill
+    key = f"{MODEL.tokenizer_digest}:{MODEL.max_input_tokens}"
+    assert client.tokenizers.get(key) is None
+
+
+async def test_every_catalog_still_marks_its_models_as_served_now(broker) -> None:
+    """models() keeps its merge between catalog changes; the "seen" book must still hear
+    of every catalog (it forgets models unserved for 10 minutes)."""
+    _, endpoint = broker
+    async with MeshClient(endpoint, liveness=Liveness(interval_s=0.1)) as client:
+        assert await _until(lambda: client.seen.find("m") is not None)
+        first = client.seen.find("m").last_served
+        assert await _until(lambda: client.seen.find("m").last_served > first + 0.15)
