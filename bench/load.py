@@ -129,17 +129,16 @@ async def closed_loop(
     window = start + warmup_s
     stop_at = window + duration_s if duration_s is not None else float("inf")
 
-    def more() -> bool:
-        now = time.perf_counter()
-        if now >= stop_at:
-            return False
-        return count is None or now < window or next(issued) < count
-
     async def client(session: aiohttp.ClientSession) -> None:
         url = target.embeddings_url
-        while more():
-            sample = await send(session, url, next(picks), time.perf_counter(), timings)
-            samples.append(sample)
+        while True:
+            # One clock reading decides both whether the request counts (after the window
+            # opened: it takes one of ``count``) and its start: read twice, a request let
+            # through as warm-up could start inside the window, one sample too many.
+            now = time.perf_counter()
+            if now >= stop_at or (count is not None and now >= window and next(issued) >= count):
+                return
+            samples.append(await send(session, url, next(picks), now, timings))
 
     _at_window(warmup_s, on_window)
     async with target.session(concurrency) as session:
