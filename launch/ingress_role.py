@@ -29,6 +29,12 @@ def default_ingress_procs() -> int:
     return max(1, (cores or 1) // 2)
 
 
+API_KEY_ENV = "EMBEDMESH_API_KEY"
+# Never inherited as they are: the supervisor gives only ingress children the key (a file read
+# into it), and an ingress drops both once it has read them.
+SECRET_ENV = (API_KEY_ENV, "EMBEDMESH_API_KEY_FILE")
+
+
 def ingress_procs(opts: dict) -> int:
     """How many ingress processes serve the port: ``--ingress-procs``, else the default."""
     given = opts.get("ingress_procs")
@@ -87,8 +93,6 @@ def run_ingress_role(opts: dict, liveness: Liveness, security: Security) -> int:
     cfg = ingress_config(opts, liveness)
     # Read: the processes this one starts (its tokenizer processes, started with it) need no
     # key, and would otherwise inherit it in their environment.
-    from launch.supervisor import SECRET_ENV
-
     for name in SECRET_ENV:
         os.environ.pop(name, None)
     connect = client_connector(security, "ingress")

@@ -61,7 +61,7 @@ from launch.children import (  # die_with_parent*: re-exported for cli and bench
     start_pump,
     stop_all,
 )
-from launch.ingress_role import DEFAULT_BROKER, api_key, ingress_procs
+from launch.ingress_role import API_KEY_ENV, DEFAULT_BROKER, SECRET_ENV, api_key, ingress_procs
 from launch.readiness import wait_listening, wait_ready
 from mesh.config import DEFAULT_REQUEST_TIMEOUT_S
 from mesh.ingress.config import DRAIN_GRACE_S
@@ -89,9 +89,6 @@ RESTART_BACKOFF_S = 1.0
 RESTART_BACKOFF_MAX_S = 30.0
 STABLE_RUN_S = 60.0
 RESTART_LIMIT = 5
-API_KEY_ENV = "EMBEDMESH_API_KEY"
-# Never inherited as they are: only ingress children get the key, resolved here (file read).
-SECRET_ENV = (API_KEY_ENV, "EMBEDMESH_API_KEY_FILE")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # mesh.ingress.metrics.MULTIPROC_ENV
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import time
 from collections.abc import Callable, Sequence
 
@@ -55,9 +54,6 @@ from proto_msgs import (
 )
 
 __all__ = ["EmbedResult", "MeshClient", "ValidRequest"]
-
-
-log = logging.getLogger("embedmesh.client")
 
 
 class MeshClient:
