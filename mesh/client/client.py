@@ -328,6 +328,14 @@ class MeshClient:
         )
         try:
             return await future  # the caller's cancellation cancels the future too
+        except ModelNotFound as exc:
+            # This broker's catalog listed the model when it was picked: it has changed since
+            # (the broker restarted before its workers registered again, or forgot the model
+            # in the meantime). For the caller that is "not served right now", not "never
+            # served": a restarted broker answered 404 to a request resolved a moment before.
+            raise Unavailable(
+                f"the broker no longer serves {request.model.name!r} ({exc}); retry"
+            ) from exc
         finally:
             deadline.cancel()
             # A request still in the link's table was given up here (deadline or caller

@@ -13,8 +13,17 @@ import zmq
 
 from mesh.client import MeshClient
 from mesh.config import Liveness
-from mesh.errors import DeadlineExceeded
-from proto_msgs import CancelRequest, Message, ModelInfo, RequestResult, SubmitRequest, decode
+from mesh.errors import DeadlineExceeded, Unavailable
+from proto_msgs import (
+    CancelRequest,
+    ErrorCode,
+    Message,
+    ModelInfo,
+    RequestError,
+    RequestResult,
+    SubmitRequest,
+    decode,
+)
 
 MODEL = ModelInfo(
     name="tiny", aliases=[], dims=4, max_input_tokens=8, vocab_size=100,
@@ -91,3 +100,20 @@ async def test_an_answered_request_returns_its_rows_and_sends_no_cancel(
     assert result.embeddings.tolist() == rows.tolist() and result.prompt_tokens == 2
     await asyncio.sleep(0.6)  # past the client's deadline: its timer was cancelled
     assert not await broker.poll(0) and nothing_pending(client)
+
+
+async def test_a_broker_that_no_longer_lists_the_model_is_unavailable_not_not_found(
+    mesh: tuple[MeshClient, zmq.asyncio.Socket],
+) -> None:
+    # The broker restarted between the pick and the submit: its catalog is empty until its
+    # workers register again, and it answers MODEL_NOT_FOUND. The client picked it because
+    # its catalog listed the model, so the caller is told to retry (503), not 404.
+    client, broker = mesh
+    request = client.prepare_tokens(np.array([1, 2]), np.array([0, 2]), "tiny")
+    call = asyncio.create_task(client.submit(request, timeout_s=5))
+    submitted = await received(broker)
+    message = "model 'tiny' is not served"
+    client.brokers[0]._dispatch(RequestError(submitted.cid, ErrorCode.MODEL_NOT_FOUND, message))
+    with pytest.raises(Unavailable, match="no longer serves 'tiny'.*retry"):
+        await call
+    assert nothing_pending(client)
