@@ -95,7 +95,10 @@ def test_chunked_pooling_equals_one_pass(engine: Engine, monkeypatch: pytest.Mon
     whole = engine.embed(ids, offsets)
     # 3 tokens a chunk: chunks cut through sequences, the max still sees each token once.
     monkeypatch.setattr(sparse_module, "CHUNK_ELEMENTS", 3 * 30522)
-    torch.testing.assert_close(engine.embed(ids, offsets), whole, rtol=0, atol=0)
+    # Not bit for bit: the CPU BLAS picks its kernel by the GEMM's row count, so a 3-row chunk's
+    # logits can round differently from the whole batch's (7e-7 seen on CI). A token missed or
+    # pooled into the wrong row moves weights by orders more than this tolerance.
+    torch.testing.assert_close(engine.embed(ids, offsets), whole, rtol=1e-5, atol=1e-5)
 
 
 def test_sparse_rows_keep_the_top_k_over_the_threshold_sorted_by_id() -> None:
