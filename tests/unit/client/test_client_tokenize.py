@@ -132,6 +132,11 @@ def spied(limit: int) -> tuple[ModelTokenizer, SpyTokenizer]:
     tok = ModelTokenizer(TOKENIZER_JSON, model(limit))
     spy = SpyTokenizer(tok._tok)
     tok._tok = spy  # type: ignore[assignment]
+    # ASCII texts go to the shortcut's tokenizer (no normalizer): the same spy records both.
+    assert tok._shortcut.tokenizer is not None
+    ascii_spy = SpyTokenizer(tok._shortcut.tokenizer)
+    ascii_spy.pieces, ascii_spy.fast = spy.pieces, spy.fast
+    tok._shortcut.tokenizer = ascii_spy  # type: ignore[assignment]
     return tok, spy
 
 
