@@ -25,7 +25,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from mesh.client.admission import check_backlog, text_floor
+from mesh.client.admission import check_backlog, may_refuse, text_floor
 from mesh.client.connection import BrokerConnection, EmbedResult
 from mesh.client.models import ModelBook
 from mesh.client.pairs import ScoreInput, encode_pooled
@@ -220,7 +220,7 @@ class MeshClient:
         prompt = prompt_text(info, prompt_name)
         if prompt:
             texts = [prompt + t for t in texts]
-        self._check_backlog(info, *text_floor(texts, lane, info.max_input_tokens), timeout_s)
+        self._check_text_backlog(info, texts, lane, timeout_s)
         tok = await self.tokenizer(info)
         ids, lengths = await self.tokenizers.encode(tok, texts, truncate, guess_lane(texts, lane))
         if prompt and not info.include_prompt:
@@ -273,7 +273,7 @@ class MeshClient:
         check_task(info, "score")
         # Sizes only, never the pairs joined: /rerank repeats one query for every text, and
         # joining a 1 MB query to 2048 texts took 5 s of the loop and 2 GB.
-        self._check_backlog(info, *text_floor(inputs, lane, info.max_input_tokens), timeout_s)
+        self._check_text_backlog(info, inputs, lane, timeout_s)
         tok = await self.tokenizer(info)
         chars = sum(min(_chars(x), 2 * tok.cut_chars) for x in inputs)
         priority = lane_for(chars // CHARS_PER_TOKEN_GUESS, lane)
@@ -403,6 +403,25 @@ class MeshClient:
         )
         logits = (await self.submit(request, timeout_s)).embeddings
         return logits if raw else activate(logits, request.model.activation)
+
+    def _check_text_backlog(
+        self,
+        model: ModelInfo,
+        inputs: Sequence[str | tuple[str, str]],
+        lane: int | None,
+        timeout_s: float | None,
+    ) -> None:
+        """:meth:`_check_backlog` of a text request by its floor (``text_floor``), counted only
+        when the request could be refused at all: each input reaches a broker as at most the
+        model's limit in tokens (cut, or refused when over), and when even that many would
+        end in time nothing is refused. Under a bulk load that keeps up, as on a GPU, the
+        count is skipped."""
+        most = len(inputs) * model.max_input_tokens
+        serving = [b.stats for b in self.brokers if b.alive and _find(b.models, model.name)]
+        timeout = self.default_timeout_s if timeout_s is None else timeout_s
+        if model.max_input_tokens > 0 and not may_refuse(serving, model.name, most, timeout):
+            return
+        self._check_backlog(model, *text_floor(inputs, lane, model.max_input_tokens), timeout_s)
 
     def _check_backlog(
         self, model: ModelInfo, lane: Lane, tokens: int, timeout_s: float | None = None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from mesh.client.admission import check_backlog, text_floor
+from mesh.client.admission import check_backlog, may_refuse, text_floor
 from mesh.client.request import INTERACTIVE_MAX_TOKENS
 from mesh.errors import InvalidInput, Overloaded
 from proto_msgs import BrokerStats, Lane
@@ -67,3 +69,34 @@ def test_pairs_are_counted_without_joining_them():
     assert lane == Lane.BATCH and words > INTERACTIVE_MAX_TOKENS
     assert peak < 8 << 20, f"sizing 2048 pairs of a 1 MB query allocated {peak} bytes"
     assert text_floor([("one two", "three")], None) == (Lane.INTERACTIVE, 3)
+
+
+def test_the_floor_is_needed_only_when_the_largest_request_could_be_refused():
+    slow = _stats(0.5, 100.0)  # 1000 tokens/s
+    assert not may_refuse([slow], "m", 16_384, timeout_s=120.0)  # 100 + 16.4 s: always fits
+    assert may_refuse([slow], "m", 30_000, timeout_s=120.0)  # 100 + 30 s: some size might not
+    assert may_refuse([_stats(100.0, 0.5)], "m", 30_000, 120.0)  # either lane's backlog counts
+    # Another broker with room, one whose backlog is not known, or none: nothing is refused.
+    assert not may_refuse([slow, _stats(0.0, 1.0)], "m", 30_000, 120.0)
+    assert not may_refuse([slow, BrokerStats()], "m", 30_000, 120.0)
+    assert not may_refuse([slow, None], "m", 30_000, 120.0)
+    assert not may_refuse([], "m", 30_000, 120.0)
+
+
+_backlog = st.floats(0.0, 200.0)
+
+
+@given(
+    st.lists(st.tuples(_backlog, _backlog, st.floats(1.0, 1e6)), max_size=3),
+    st.integers(0, 100_000),
+    st.integers(0, 100_000),
+    st.sampled_from(list(Lane)),
+    st.floats(1.0, 300.0),
+)
+def test_what_may_refuse_rules_out_check_backlog_never_refuses(
+    brokers: list[tuple[float, float, float]], most: int, tokens: int, lane: Lane, timeout: float
+) -> None:
+    stats = [_stats(i, b, rate) for i, b, rate in brokers]
+    if tokens > most or may_refuse(stats, "m", most, timeout):
+        return
+    check_backlog(stats, "m", lane, tokens, timeout)  # raises Overloaded if the rule is wrong

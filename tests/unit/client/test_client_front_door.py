@@ -101,6 +101,34 @@ def test_the_early_429_measures_the_backlog_against_the_calls_own_timeout(
     client.prepare_tokens(ids, offsets, "tiny", timeout_s=60.0)
 
 
+def test_a_text_request_counts_its_words_only_when_it_could_be_refused(
+    client: MeshClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mesh.client.client as client_module
+
+    counted: list[int] = []
+    real = client_module.text_floor
+
+    def counting(inputs, chosen, max_tokens=None):  # noqa: ANN001, ANN202
+        counted.append(len(inputs))
+        return real(inputs, chosen, max_tokens)
+
+    monkeypatch.setattr(client_module, "text_floor", counting)
+    texts = ["some words here"] * 3  # at most 3 x 4 tokens (the model's limit)
+    link = client.brokers[0]
+    # 10 s queued in one lane, 100 tokens/s: 12 tokens end at 10.12 s.
+    link.stats = BrokerStats(backlog_s={"tiny": [0.0, 10.0]}, drain_rate={"tiny": 100.0})
+    client._check_text_backlog(MODEL, texts, None, 11.0)  # nothing could be refused: not counted
+    assert counted == []
+    with pytest.raises(Overloaded):  # now some size could be: counted, and refused (lane 1)
+        client._check_text_backlog(MODEL, texts, Lane.BATCH, 10.05)
+    assert counted == [3]
+    client._check_text_backlog(MODEL, texts, Lane.INTERACTIVE, 10.05)  # counted, its lane free
+    assert counted == [3, 3]
+    with pytest.raises(InvalidInput, match="lane must be one of"):
+        client._check_text_backlog(MODEL, texts, 7, 10.05)  # a bad lane, when counted, is said
+
+
 def test_the_merged_catalog_follows_every_new_catalog_and_every_broker_liveness() -> None:
     """models() keeps its merge until a broker's catalog or liveness changes: each change
     shows at once (two brokers' worker counts summed, a dead broker's left out)."""
