@@ -49,6 +49,15 @@ async def received(broker: zmq.asyncio.Socket) -> Message:
     return decode(frames[1:])
 
 
+async def started(
+    client: MeshClient, broker: zmq.asyncio.Socket, timeout_s: float
+) -> tuple[asyncio.Task[object], Message]:
+    """A two-token request submitted in a task of its own, and what the broker received."""
+    request = client.prepare_tokens(np.array([1, 2]), np.array([0, 2]), "tiny")
+    call = asyncio.create_task(client.submit(request, timeout_s=timeout_s))
+    return call, await received(broker)
+
+
 def nothing_pending(client: MeshClient) -> bool:
     return not client.brokers[0]._pending and client.brokers[0].outstanding_tokens == 0
 
@@ -71,9 +80,7 @@ async def test_a_caller_that_gives_up_cancels_the_request_at_the_broker(
     mesh: tuple[MeshClient, zmq.asyncio.Socket],
 ) -> None:
     client, broker = mesh
-    request = client.prepare_tokens(np.array([1, 2]), np.array([0, 2]), "tiny")
-    call = asyncio.create_task(client.submit(request, timeout_s=30))
-    submitted = await received(broker)
+    call, submitted = await started(client, broker, 30)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
@@ -85,11 +92,9 @@ async def test_an_answered_request_returns_its_rows_and_sends_no_cancel(
     mesh: tuple[MeshClient, zmq.asyncio.Socket],
 ) -> None:
     client, broker = mesh
-    request = client.prepare_tokens(np.array([1, 2]), np.array([0, 2]), "tiny")
     # The answer must come before the client's deadline: 0.5 s leaves a loaded host room
     # between the submit and the answer (0.05 s + 0.02 s did not always).
-    call = asyncio.create_task(client.submit(request, timeout_s=0.5))
-    submitted = await received(broker)
+    call, submitted = await started(client, broker, 0.5)
     rows = np.ones((1, 4), np.float32)
     client.brokers[0]._dispatch(
         RequestResult(
@@ -109,9 +114,7 @@ async def test_a_broker_that_no_longer_lists_the_model_is_unavailable_not_not_fo
     # workers register again, and it answers MODEL_NOT_FOUND. The client picked it because
     # its catalog listed the model, so the caller is told to retry (503), not 404.
     client, broker = mesh
-    request = client.prepare_tokens(np.array([1, 2]), np.array([0, 2]), "tiny")
-    call = asyncio.create_task(client.submit(request, timeout_s=5))
-    submitted = await received(broker)
+    call, submitted = await started(client, broker, 5)
     message = "model 'tiny' is not served"
     client.brokers[0]._dispatch(RequestError(submitted.cid, ErrorCode.MODEL_NOT_FOUND, message))
     with pytest.raises(Unavailable, match="no longer serves 'tiny'.*retry"):
