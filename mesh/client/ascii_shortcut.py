@@ -19,8 +19,10 @@ shortcut only when all of these hold:
   ``Lowercase``, ``NFC``/``NFD``/``NFKC``/``NFKD``, a ``Sequence`` of them); any other step
   (``Replace``, ``Precompiled``, ``Strip``, ...) turns the shortcut off for the model;
 - neither the text nor its normalized form contains an added token's content (``[CLS]``,
-  ``<s>``, ...): the tokenizer matches those on the raw text before normalizing, which a
-  tokenizer handed normalized text cannot repeat. Such texts take the full path.
+  ``<s>``, ...) or, for a ``normalized`` added token, its content normalized: the tokenizer
+  matches the first kind on the raw text before normalizing, which a tokenizer handed
+  normalized text cannot repeat, and the second by its normalized form, which a tokenizer
+  without a normalizer no longer computes. Such texts take the full path.
 
 Everything after the normalizer (pre-tokenizer, model, truncation, post-processor) is the same
 object configuration, so the encodings carry the same ids, type ids, overflow and word ids.
@@ -82,7 +84,17 @@ class AsciiShortcut:
         the shortcut's tokenizer is a copy of it without the normalizer."""
         spec = json.loads(tokenizer_json)
         steps = _steps(spec.get("normalizer"))
-        contents = [t["content"] for t in spec.get("added_tokens", []) if t.get("content")]
+        # An added token is matched by its content on the raw text, or (``normalized``, the
+        # default of ``add_tokens`` for plain tokens) by its content normalized, on the
+        # normalized text: a text holding either form goes the full way. The content itself
+        # may be non-ASCII ("Café" matching "cafe"), so the tokenizer's own normalizer says it.
+        contents: set[str] = set()
+        for token in spec.get("added_tokens", []):
+            content = token.get("content") or ""
+            contents.add(content)
+            if token.get("normalized") and configured.normalizer is not None:
+                contents.add(configured.normalizer.normalize_str(content))
+        contents.discard("")  # an empty alternative would match every text
         self.tokenizer: Tokenizer | None = None
         if steps:  # none (no normalizer, or an ASCII no-op one): nothing to save
             self.tokenizer = Tokenizer.from_str(configured.to_str())

@@ -416,6 +416,8 @@ class MeshClient:
         model's limit in tokens (cut, or refused when over), and when even that many would
         end in time nothing is refused. Under a bulk load that keeps up, as on a GPU, the
         count is skipped."""
+        if lane is not None:
+            lane_for(0, lane)  # a bad lane is said now, counted or not, before any fetch
         most = len(inputs) * model.max_input_tokens
         serving = [b.stats for b in self.brokers if b.alive and _find(b.models, model.name)]
         timeout = self.default_timeout_s if timeout_s is None else timeout_s

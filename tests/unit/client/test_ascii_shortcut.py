@@ -84,6 +84,21 @@ def with_normalizer(tokenizer_json: str, normalizer: dict | None) -> str:
     return json.dumps(spec)
 
 
+CASED_JSON = cased(MINILM_JSON)
+
+
+def with_added_token(tokenizer_json: str, content: str, normalized: bool) -> str:
+    """``tokenizer.add_tokens([content])`` as saved: a plain added token (``normalized``
+    is add_tokens' default for plain tokens)."""
+    spec = json.loads(tokenizer_json)
+    new_id = max(spec["model"]["vocab"].values()) + 1 + len(spec["added_tokens"])
+    spec["added_tokens"].append({
+        "id": new_id, "content": content, "single_word": False, "lstrip": False,
+        "rstrip": False, "normalized": normalized, "special": False,
+    })  # fmt: skip
+    return json.dumps(spec)
+
+
 @pytest.fixture(scope="module")
 def corpus() -> list[str]:
     with CORPUS.open() as f:
@@ -100,7 +115,7 @@ def test_minilm_takes_the_shortcut_for_plain_ascii_only() -> None:
     assert indices == [0, 3, 5] and normalized == ["plain text", "[cls]", "fine."]
     # Cased, its normalized form is "[CLS]": a tokenizer handed that would match the special
     # token, the full one (matching on the raw text) does not. It goes the full way.
-    cased_tok = ModelTokenizer(cased(MINILM_JSON).encode(), info(256))
+    cased_tok = ModelTokenizer(CASED_JSON.encode(), info(256))
     assert cased_tok._shortcut.split(texts)[0] == [0, 5]
 
 
@@ -113,7 +128,7 @@ def test_the_corpus_encodes_the_same(corpus: list[str], limit: int) -> None:
 @pytest.mark.parametrize("limit", [256, 4])
 def test_tricky_ascii_encodes_the_same_uncased_and_cased(limit: int) -> None:
     assert_same(MINILM_JSON, TRICKY, limit)
-    assert_same(cased(MINILM_JSON), TRICKY, limit)
+    assert_same(CASED_JSON, TRICKY, limit)
 
 
 @settings(max_examples=300, deadline=None)
@@ -125,7 +140,7 @@ def test_random_ascii_encodes_the_same(texts: list[str]) -> None:
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.text(alphabet=st.characters(max_codepoint=127), max_size=40), max_size=4))
 def test_random_ascii_encodes_the_same_cased(texts: list[str]) -> None:
-    assert_same(cased(MINILM_JSON), texts, 16)
+    assert_same(CASED_JSON, texts, 16)
 
 
 def test_a_mixed_batch_keeps_its_order() -> None:
@@ -166,3 +181,26 @@ def test_other_normalizers_turn_the_shortcut_off(normalizer: dict | None) -> Non
     shortcut = AsciiShortcut(tokenizer_json, reference(tokenizer_json, 8))
     assert shortcut.tokenizer is None and shortcut.split(["plain"]) == ([], [])
     assert_same(tokenizer_json, TRICKY)
+
+
+@pytest.mark.parametrize(
+    ("content", "normalized", "full_way"),
+    [
+        # Matched by its normalized form "hello" on the normalized text: both spellings.
+        ("Hello", True, ["hello world", "Hello World"]),
+        ("COVID-19", True, ["covid-19 cases"]),
+        ("Café", True, ["cafe au lait"]),  # "cafe": accents go with lowercase
+        ("a\tb", True, ["a b c"]),  # "a b": clean_text makes the tab a space
+        # Matched on the raw text only: its lowercase form is ordinary text.
+        ("Hello", False, ["Hello World"]),
+    ],
+)
+def test_an_added_token_in_either_form_sends_the_text_the_full_way(
+    content: str, normalized: bool, full_way: list[str]
+) -> None:
+    tokenizer_json = with_added_token(MINILM_JSON, content, normalized)
+    texts = ["plain", "hello world", "covid-19 cases", "cafe au lait", "a b c", "Hello World"]
+    ours = ModelTokenizer(tokenizer_json.encode(), info(16))
+    indices, _ = ours._shortcut.split(texts)
+    assert [t for i, t in enumerate(texts) if i not in indices] == full_way
+    assert_same(tokenizer_json, texts, 16)

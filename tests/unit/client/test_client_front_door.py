@@ -125,8 +125,9 @@ def test_a_text_request_counts_its_words_only_when_it_could_be_refused(
     assert counted == [3]
     client._check_text_backlog(MODEL, texts, Lane.INTERACTIVE, 10.05)  # counted, its lane free
     assert counted == [3, 3]
-    with pytest.raises(InvalidInput, match="lane must be one of"):
-        client._check_text_backlog(MODEL, texts, 7, 10.05)  # a bad lane, when counted, is said
+    for timeout in (10.05, 11.0):  # a bad lane is said whether the words are counted or not
+        with pytest.raises(InvalidInput, match="lane must be one of"):
+            client._check_text_backlog(MODEL, texts, 7, timeout)
 
 
 def test_the_merged_catalog_follows_every_new_catalog_and_every_broker_liveness() -> None:
