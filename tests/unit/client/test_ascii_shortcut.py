@@ -204,3 +204,19 @@ def test_an_added_token_in_either_form_sends_the_text_the_full_way(
     indices, _ = ours._shortcut.split(texts)
     assert [t for i, t in enumerate(texts) if i not in indices] == full_way
     assert_same(tokenizer_json, texts, 16)
+
+
+def test_a_shortcut_that_disagrees_on_the_probes_is_turned_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Stand in for a normalizer this module misreads: its ASCII result written wrong (no
+    # lowercasing). The probe texts catch it before any request does.
+    import mesh.client.ascii_shortcut as module
+
+    wrong = {"BertNormalizer": [lambda text: text.translate(module._CLEAN)]}
+    monkeypatch.setattr(module, "_steps", lambda spec: wrong.get(spec["type"]))
+    shortcut = AsciiShortcut(MINILM_JSON, reference(MINILM_JSON, 16))
+    assert shortcut.tokenizer is None and shortcut.split(["plain"]) == ([], [])
+    assert "ASCII shortcut off" in caplog.text
+    monkeypatch.undo()
+    assert AsciiShortcut(MINILM_JSON, reference(MINILM_JSON, 16)).tokenizer is not None
