@@ -424,13 +424,18 @@ class WorkerServer:
                 answered, since = now_answered, now
                 continue
             if now - since >= limit:
-                log.critical(
-                    "hung: %d batches held and none answered for %.0f s; exiting (code %d) "
-                    "for a fresh start. Every thread's stack:", held, now - since, EXIT_HUNG
-                )  # fmt: skip
-                faulthandler.dump_traceback(all_threads=True)
-                sys.stderr.flush()
-                os._exit(EXIT_HUNG)
+                try:
+                    log.critical(
+                        "hung: %d batches held and none answered for %.0f s; exiting (code %d) "
+                        "for a fresh start. Every thread's stack:", held, now - since, EXIT_HUNG
+                    )  # fmt: skip
+                    # The stacks are for the log; the exit must not depend on them (a closed
+                    # or missing stderr raises here, and the process would keep the GPU).
+                    with contextlib.suppress(Exception):
+                        faulthandler.dump_traceback(file=sys.__stderr__ or 2, all_threads=True)
+                        (sys.__stderr__ or sys.stderr).flush()
+                finally:
+                    os._exit(EXIT_HUNG)
 
     def _answered(self) -> None:
         """A batch's reply is with the link: count progress, free the worker. Under the lock:

@@ -58,17 +58,24 @@ def next_reply(router: zmq.Socket):
 
 @contextmanager
 def serving(
-    engine: Any, endpoint: str, inline_max_ms: float | None = 10.0, credits: int = 2, **options: Any
+    engine: Any,
+    endpoint: str,
+    inline_max_ms: float | None = 10.0,
+    credits: int = 2,
+    liveness: Liveness | None = None,
+    **options: Any,
 ) -> Iterator[tuple[zmq.Socket, bytes, WorkerServer]]:
     """A running WorkerServer around ``engine``, the ROUTER it said READY to, and its
     identity there; stopped (and its thread joined) on exit. ``options``: more
-    WorkerOptions fields."""
+    WorkerOptions fields. ``liveness``: the link's (default: 0.5 s beats, so a worker
+    gives up on this ROUTER, which sends none, after 1.5 s)."""
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     router.bind(endpoint)
     info = ModelInfo("m", [], DIMS, 4096, 1000, "mean", False, "0" * 64)
     options = WorkerOptions("w", credits, 4096, 64, "cpu", inline_max_ms=inline_max_ms, **options)
-    server = WorkerServer(ctx, engine, info, b"{}", endpoint, options, Liveness(interval_s=0.5))
+    liveness = liveness or Liveness(interval_s=0.5)
+    server = WorkerServer(ctx, engine, info, b"{}", endpoint, options, liveness)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
