@@ -171,6 +171,7 @@ class BrokerConnection:
         # a zmq.asyncio socket took a recv future, a reader task's wake-up and per-message
         # EVENTS checks for each (0.08-0.14 ms of an idle query's round trip on a 2-core VM).
         self._sock: zmq.Socket | None = None
+        self._reopen = False  # a fresh socket is owed (opening one failed after a loss)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._alive_event = asyncio.Event()
@@ -201,15 +202,19 @@ class BrokerConnection:
 
     def _open(self) -> None:
         sock = self.ctx.socket(zmq.DEALER, socket_class=zmq.Socket)
-        sock.setsockopt(zmq.LINGER, 0)
-        if self._connect is not None:
-            self._connect(sock, self.endpoint)
-        else:
-            sock.connect(self.endpoint)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            if self._connect is not None:
+                self._connect(sock, self.endpoint)
+            else:
+                sock.connect(self.endpoint)
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(sock.FD, self._on_readable)
+        except BaseException:
+            sock.close(linger=0)  # half built: neither kept nor leaked
+            raise
         self._sock = sock
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(sock.FD, self._on_readable)
 
     def _close_socket(self, sock: zmq.Socket) -> None:
         if self._loop is not None and not self._loop.is_closed():
@@ -386,6 +391,8 @@ class BrokerConnection:
             await asyncio.sleep(interval)
             if self.alive and time.monotonic() - self._last_heard > self.liveness.expiry_s:
                 self._lost()
+            elif self._reopen:
+                self._replace_socket()
 
     def _restarted(self) -> None:
         """The broker restarted within the liveness window: what it held is gone."""
@@ -408,9 +415,22 @@ class BrokerConnection:
         self.catalog_known = False
         self.instance = None
         self._fail_all(Unavailable(f"lost the broker at {self.endpoint}; retry"))
-        # A fresh socket: the old one's queue would replay stale submits to a new broker.
-        # Opened before the old one closes: if opening fails, the old socket stays usable.
+        self._replace_socket()
+
+    def _replace_socket(self) -> None:
+        """A fresh socket: the old one's queue would replay stale submits to a new broker.
+        Opened before the old one closes: if opening fails (no file descriptor left, say),
+        the old one stays, pinging, and the next interval tries again; an exception here
+        would end the pinger, and with it every chance of this link coming back."""
         old = self._sock
-        self._open()
+        try:
+            self._open()
+        except (zmq.ZMQError, OSError) as exc:
+            if not self._reopen:
+                log.warning("could not open a new socket to %s (%s); keeping the old one and "
+                            "trying again each ping interval", self.endpoint, exc)  # fmt: skip
+            self._reopen = True
+            return
+        self._reopen = False
         if old is not None:
             self._close_socket(old)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from mesh.errors import ProtocolViolation
 from proto_msgs import (
     BrokerStats,
     OutputOptions,
+    Ping,
     Pong,
     RequestResult,
     SubmitRequest,
@@ -134,3 +136,34 @@ async def test_a_closed_link_refuses_requests_as_unavailable(linked: _Linked) ->
         linked.submit()
     with pytest.raises(Unavailable):
         linked.conn._send(Pong(1, BrokerStats()))  # what the pinger or a cancel would send
+
+
+async def test_a_lost_link_that_cannot_open_a_socket_keeps_the_old_one_and_tries_again(
+    linked: _Linked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of file descriptors when the broker went silent: the link keeps its old socket
+    (and its pinger, which an exception would have ended) and opens a fresh one at a later
+    interval, closing the old one then."""
+    conn = linked.conn
+    old = conn._sock
+    real_socket = conn.ctx.socket
+    failures = [zmq.ZMQError(errno.EMFILE)]
+
+    def socket(*args: object, **kwargs: object) -> zmq.Socket:
+        if failures:
+            raise failures.pop()
+        return real_socket(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(conn.ctx, "socket", socket)
+    conn._lost()
+    assert conn._sock is old and not old.closed and conn._reopen and not conn.alive
+    conn._replace_socket()  # what the pinger does at its next interval
+    assert conn._sock is not old and old.closed and not conn._reopen
+    conn._send(Ping(cid=conn.next_cid()))  # the fresh socket reaches the broker
+    seen = []  # (what came, from the old peer?): the old socket's catalog request came first
+    while linked.broker.poll(5000):
+        identity, *frames = linked.broker.recv_multipart()
+        seen.append((type(decode(frames)).__name__, identity == linked.identity))
+        if seen[-1][0] == "Ping":
+            break
+    assert seen[-1] == ("Ping", False), seen
