@@ -44,6 +44,7 @@ class TokenizerFetcher:
         self._liveness = liveness
         self._fetches: dict[str, asyncio.Future[ModelTokenizer]] = {}
         self._failed_at: dict[str, float] = {}  # prefetches that failed, by key: when
+        self._closed = False
 
     async def get(self, model: ModelInfo) -> ModelTokenizer:
         """``model``'s tokenizer: at once when known, else after the (shared) fetch."""
@@ -51,11 +52,20 @@ class TokenizerFetcher:
         if tok is not None:
             return tok
         # Shielded: one waiter cancelled (its request gone) does not cancel the others'.
-        return await asyncio.shield(self._fetch(model))
+        fetch = self._fetch(model)
+        try:
+            return await asyncio.shield(fetch)
+        except asyncio.CancelledError:
+            if fetch.cancelled() and self._closed:  # the client closed under this caller
+                raise Unavailable("the client is closing; retry") from None
+            raise
 
     def prefetch(self, models: Iterable[ModelInfo]) -> None:
         """Start fetching the tokenizers of ``models`` not known nor under way (nor failed
-        within PREFETCH_RETRY_S); nobody waits for them."""
+        within PREFETCH_RETRY_S); nobody waits for them. Nothing once closed: a catalog
+        that arrives while the client closes starts no fetch that would outlive it."""
+        if self._closed:
+            return
         now = time.monotonic()
         for model in models:
             key = tokenizer_key(model)
@@ -67,6 +77,7 @@ class TokenizerFetcher:
             fetch.add_done_callback(functools.partial(self._prefetched, key, model.name))
 
     def close(self) -> None:
+        self._closed = True
         for fetch in list(self._fetches.values()):
             fetch.cancel()
 
@@ -88,6 +99,8 @@ class TokenizerFetcher:
     def _fetch(self, model: ModelInfo) -> asyncio.Future[ModelTokenizer]:
         """The one fetch of ``model``'s tokenizer under way, started if none is."""
         key = tokenizer_key(model)
+        if self._closed:
+            raise Unavailable("the client is closed")
         fetch = self._fetches.get(key)
         if fetch is None:
             fetch = asyncio.ensure_future(self._fetch_one(key, model))

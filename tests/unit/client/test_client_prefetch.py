@@ -149,9 +149,15 @@ async def test_closing_with_a_prefetch_in_flight_cancels_it(broker) -> None:
     assert await _until(lambda: "TokenizerRequest" in stand_in.asked)
     fetches = list(client._fetcher._fetches.values())
     assert fetches
+    waiter = asyncio.ensure_future(client.tokenizer(MODEL))  # a request waiting for it
+    await asyncio.sleep(0.05)
     await client.close()
     assert await _until(lambda: not client._fetcher._fetches, 2.0)  # callbacks delivered
     assert all(f.cancelled() for f in fetches)
+    with pytest.raises(Unavailable, match="closing"):  # told to retry, not cancelled
+        await waiter
+    client._fetcher.prefetch([MODEL])  # a catalog that arrives while closing
+    assert not client._fetcher._fetches
     await asyncio.sleep(0.7)  # the broker's late reply finds nothing to fill
     key = f"{MODEL.tokenizer_digest}:{MODEL.max_input_tokens}"
     assert client.tokenizers.get(key) is None
