@@ -86,7 +86,9 @@ def main() -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     launch = [sys.executable, "-m", "launch.cli"]
     procs = [
-        subprocess.Popen([*launch, "--role", "broker", "--frontend", front, "--backend", back]),
+        subprocess.Popen(
+            [*launch, "--role", "broker", "--frontend", front, "--backend", back], env=env, cwd=ROOT
+        ),
         subprocess.Popen([sys.executable, __file__, "--worker", back], env=env),
     ]
     ingress = subprocess.Popen(
@@ -102,6 +104,8 @@ def main() -> None:
                 break
             except OSError:
                 time.sleep(0.5)
+        else:
+            raise SystemExit(f"the mesh did not answer /health on port {PORT} within 60 s")
         before = cpu_seconds(ingress.pid)
         bench = subprocess.run(
             [sys.executable, "-m", "bench.cli", "--no-baseline", "--engine-budgets", "",
@@ -123,16 +127,20 @@ def main() -> None:
             f"({1000 * parent / requests:.1f} ms a request), its tokenizer children "
             f"{kids:.2f} s ({1000 * kids / requests:.1f} ms a request)"
         )
-    finally:
         ingress.send_signal(signal.SIGINT)  # drains and exits: cProfile writes its stats
         ingress.wait(60)
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(20)
-    print("the ingress's event loop thread, by own time:")
-    pstats.Stats(prof).strip_dirs().sort_stats("tottime").print_stats(18)
-    shutil.rmtree(base, ignore_errors=True)
+        print("the ingress's event loop thread, by own time:")
+        pstats.Stats(prof).strip_dirs().sort_stats("tottime").print_stats(18)
+    finally:
+        for p in [ingress, *procs]:  # whatever is still up after a failure, too
+            if p.poll() is None:
+                p.terminate()
+        for p in [ingress, *procs]:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
