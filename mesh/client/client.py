@@ -47,6 +47,7 @@ from mesh.client.tokenizer_fetch import TokenizerFetcher
 from mesh.config import DEFAULT_REQUEST_TIMEOUT_S, Liveness
 from mesh.errors import DeadlineExceeded, InvalidInput, ModelNotFound, Unavailable
 from proto_msgs import (
+    BrokerStats,
     Lane,
     ModelInfo,
     OutputOptions,
@@ -419,20 +420,26 @@ class MeshClient:
         if lane is not None:
             lane_for(0, lane)  # a bad lane is said now, counted or not, before any fetch
         most = len(inputs) * model.max_input_tokens
-        serving = [b.stats for b in self.brokers if b.alive and _find(b.models, model.name)]
-        timeout = self.default_timeout_s if timeout_s is None else timeout_s
+        serving, timeout = self._backlogs(model, timeout_s)
         if model.max_input_tokens > 0 and not may_refuse(serving, model.name, most, timeout):
             return
-        self._check_backlog(model, *text_floor(inputs, lane, model.max_input_tokens), timeout_s)
+        floor_lane, floor = text_floor(inputs, lane, model.max_input_tokens)
+        check_backlog(serving, model.name, floor_lane, floor, timeout)
 
     def _check_backlog(
         self, model: ModelInfo, lane: Lane, tokens: int, timeout_s: float | None = None
     ) -> None:
         """429 before any work when at every broker the request would end after its timeout
         (None: the client's default; see :mod:`mesh.client.admission`)."""
-        serving = [b.stats for b in self.brokers if b.alive and _find(b.models, model.name)]
-        timeout = self.default_timeout_s if timeout_s is None else timeout_s
+        serving, timeout = self._backlogs(model, timeout_s)
         check_backlog(serving, model.name, lane, tokens, timeout)
+
+    def _backlogs(
+        self, model: ModelInfo, timeout_s: float | None
+    ) -> tuple[list[BrokerStats | None], float]:
+        """The stats of the live brokers serving ``model``, and the timeout in force."""
+        serving = [b.stats for b in self.brokers if b.alive and _find(b.models, model.name)]
+        return serving, self.default_timeout_s if timeout_s is None else timeout_s
 
     def _pick(self, model: str) -> BrokerConnection:
         live = [b for b in self.brokers if b.alive and _find(b.models, model)]

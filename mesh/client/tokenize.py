@@ -155,21 +155,23 @@ class ModelTokenizer:
     def _batch(self, texts: list[str], fast: bool) -> list[Encoding]:
         """``texts`` encoded (``fast``: without offsets and word ids), those the ASCII
         shortcut takes by the tokenizer without a normalizer, the rest by the full one."""
+
+        def run(tok: Tokenizer, batch: list[str]) -> list[Encoding]:
+            return tok.encode_batch_fast(batch) if fast else tok.encode_batch(batch)
+
         indices, normalized = self._shortcut.split(texts)
         if not indices:
-            return self._tok.encode_batch_fast(texts) if fast else self._tok.encode_batch(texts)
+            return run(self._tok, texts)
         plain = self._shortcut.tokenizer
         assert plain is not None  # split() gives indices only when there is one
-        short = plain.encode_batch_fast(normalized) if fast else plain.encode_batch(normalized)
+        short = run(plain, normalized)
         if len(indices) == len(texts):
             return short
         out: list[Encoding | None] = [None] * len(texts)
         for i, enc in zip(indices, short, strict=True):
             out[i] = enc
         rest = [i for i, enc in enumerate(out) if enc is None]
-        others = [texts[i] for i in rest]
-        full = self._tok.encode_batch_fast(others) if fast else self._tok.encode_batch(others)
-        for i, enc in zip(rest, full, strict=True):
+        for i, enc in zip(rest, run(self._tok, [texts[i] for i in rest]), strict=True):
             out[i] = enc
         return out  # type: ignore[return-value]
 
