@@ -14,7 +14,8 @@
 #   mixed   MiniLM, bulk (32 clients x 64 texts) alone then with 10 live queries a second, per
 #           configuration of $MIXED_CONFIGS (';'-separated NAME=ENV|MESH_ARGS; default: the
 #           defaults (a live lane), without it, and without it at 3 credits holding two bulk
-#           batches while live), $MIXED_SECONDS windows, each cut at $MIXED_TIMEOUT seconds
+#           batches while live), $MIXED_SECONDS windows after $MIXED_WARMUP seconds of warm-up,
+#           each cut at $MIXED_TIMEOUT seconds
 #   models  builds BERT-base and Qwen3-0.6B shapes (random weights) in /tmp/models/bert-base
 #           and /tmp/models/qwen3-0.6b, for MIXED_MODEL (default .carry/minilm, served as
 #           $MIXED_MODEL_NAME, default all-MiniLM-L6-v2)
@@ -83,7 +84,7 @@ if has mixed; then
       --spawn "--device cuda --model $mmodel --warmup-buckets 16,32,64,128,256 $margs" \
       --model-name "$mname" --encoding-format base64 \
       --mode mixed --concurrency 32 --bulk-texts-per-request 64 --live-rate 10 \
-      --procs 4 --duration "${MIXED_SECONDS:-10}" --warmup 4 \
+      --procs 4 --duration "${MIXED_SECONDS:-10}" --warmup "${MIXED_WARMUP:-4}" \
       --json "$out/mixed-$name/mixed.json" >"$out/mixed-$name.log" 2>&1
     echo "== $name"; grep -E "^mixed in|^live hops in" "$out/mixed-$name.log" | head -n 3
     # A configuration that stalled the GPU (or ran past MIXED_TIMEOUT) must not leave its mesh
