@@ -50,10 +50,16 @@ MODEL_FORGET_S = 600.0
 # off: on the H200 host, eight ingress processes each running that pool on all 16 cores capped
 # bulk through HTTP at 3.5 M tok/s (MiniLM); without it 5.1 M, and the live p99 under that bulk
 # fell from 63 to 18 ms (docs/gpu.md). On the 2-core machine it changed nothing measurable.
-# EMBEDMESH_BULK_SCHED=idle also puts the ingress's tokenizer processes under Linux's SCHED_IDLE
-# (mesh/client/tokenize_procs.py): on the H200, MiniLM's live p99 under bulk 13.4 ms against
-# 15.7 at nice alone, but bulk kept 0.87 of its solo rate against 0.94, so it is not the default.
 BULK_NICE = 10
+# The ingress's bulk tokenizer processes (TOKENIZE_PROCESSES) also run under Linux's SCHED_IDLE
+# ("idle"): only on a core nothing else wants, giving way at once to any task that wakes, the
+# live query's hops in the ingress, broker and worker among them. "nice" leaves them at
+# BULK_NICE alone; EMBEDMESH_BULK_SCHED overrides it. On the H200 (MiniLM, nice and idle
+# alternated, five pairs over three calls) bulk beside live ran at 5.4-6.3 M tok/s against
+# 4.8-5.8 M and the live p99 was 10.1-12.8 ms against 11.4-18.4: at nice 10 the worker's launch
+# thread was short of CPU and fed the GPU more slowly (docs/gpu.md). On the 2-core machine it
+# cost nothing (docs/benchmarks.md, eighth session).
+BULK_SCHED = "idle"
 # Child processes of each ingress that tokenize its batch-lane work, so that the event loop
 # carrying live queries never waits for a tokenizer thread's GIL (mesh/client/tokenize_procs.py:
 # on the H200, MiniLM's live p99 under bulk went 20-29 -> 15-18 ms). As many as the bulk

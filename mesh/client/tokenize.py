@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -40,9 +41,11 @@ from mesh.client.ascii_shortcut import AsciiShortcut
 from mesh.client.executor import PriorityExecutor
 from mesh.client.request import over_limit_message
 from mesh.client.tokenize_procs import BrokenProcessPool, BulkProcesses
-from mesh.config import BULK_NICE
+from mesh.config import BULK_NICE, BULK_SCHED
 from mesh.errors import InvalidInput
 from proto_msgs import Lane, ModelInfo
+
+log = logging.getLogger("embedmesh.client")
 
 T = TypeVar("T")
 
@@ -236,16 +239,36 @@ def bulk_nice_from_env() -> int:
     return nice
 
 
+def bulk_sched_idle_from_env() -> bool:
+    """``EMBEDMESH_BULK_SCHED``: ``idle`` runs the bulk tokenizer processes under SCHED_IDLE,
+    ``nice`` at the bulk nice alone (``mesh.config.BULK_SCHED`` says why idle is the default).
+    Any other value keeps the default, with a warning naming the two it may be (like the other
+    overrides, a bad value does not stop the ingress)."""
+    value = os.environ.get("EMBEDMESH_BULK_SCHED", BULK_SCHED).strip().lower() or BULK_SCHED
+    if value not in ("idle", "nice"):
+        log.warning("EMBEDMESH_BULK_SCHED is 'idle' or 'nice', not %r: using %r", value, BULK_SCHED)
+        value = BULK_SCHED
+    return value == "idle"
+
+
 class TokenizerPool:
     """Tokenizers by digest, and the threads that run them (live work first); with
     ``processes`` > 0, bulk (BATCH-lane) chunks run in that many child processes instead
     (:mod:`mesh.client.tokenize_procs`: off the event loop's GIL)."""
 
-    def __init__(self, threads: int = 4, bulk_nice: int | None = None, processes: int = 0) -> None:
+    def __init__(
+        self,
+        threads: int = 4,
+        bulk_nice: int | None = None,
+        processes: int = 0,
+        sched_idle: bool | None = None,
+    ) -> None:
         if bulk_nice is None:
             bulk_nice = bulk_nice_from_env()
+        if sched_idle is None:
+            sched_idle = bulk_sched_idle_from_env() if processes > 0 else False
         self._pool = PriorityExecutor(threads, "tokenize", bulk_nice)
-        self._procs = BulkProcesses(processes, bulk_nice) if processes > 0 else None
+        self._procs = BulkProcesses(processes, bulk_nice, sched_idle) if processes > 0 else None
         self._by_digest: dict[str, ModelTokenizer] = {}
 
     def get(self, digest: str) -> ModelTokenizer | None:

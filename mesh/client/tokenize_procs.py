@@ -59,8 +59,9 @@ DIR_PREFIX = "embedmesh-tokenizers-"
 _CHILD_TOKENIZERS: dict[str, object] = {}
 
 
-def _child_start(nice: int, parent: int) -> None:
-    """In each child, once: lower its priority, keep tokenizers' own pool off (the children
+def _child_start(nice: int, parent: int, sched_idle: bool) -> None:
+    """In each child, once: lower its priority (``nice``, and SCHED_IDLE when ``sched_idle``:
+    ``mesh.config.BULK_SCHED``), keep tokenizers' own pool off (the children
     already spread the work over the cores) and watch for the parent's death. Ctrl-C is the
     parent's to handle: a terminal sends SIGINT to the whole process group, and a child's
     KeyboardInterrupt would break the pool (a restart, mid-drain) with a traceback each."""
@@ -69,9 +70,9 @@ def _child_start(nice: int, parent: int) -> None:
     if nice > 0:
         with contextlib.suppress(OSError):
             os.nice(nice)
-    if os.environ.get("EMBEDMESH_BULK_SCHED", "").strip() == "idle":
+    if sched_idle:
         # Linux's SCHED_IDLE: run only on a core nothing else wants, and give way at once to
-        # any other task that wakes (mesh.config.BULK_NICE says what it costs).
+        # any other task that wakes (mesh.config.BULK_SCHED says what it gains).
         try:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         except (OSError, AttributeError) as exc:
@@ -126,11 +127,12 @@ def _noop() -> None:
 class BulkProcesses:
     """``processes`` children tokenizing bulk chunks (see the module docstring)."""
 
-    def __init__(self, processes: int, nice: int) -> None:
+    def __init__(self, processes: int, nice: int, sched_idle: bool = False) -> None:
         if processes < 1:
             raise ValueError("BulkProcesses needs at least one process")
         self.processes = processes
         self.nice = nice
+        self.sched_idle = sched_idle
         _remove_orphaned_dirs()
         self._dir = tempfile.TemporaryDirectory(prefix=f"{DIR_PREFIX}{os.getpid()}-")
         self._json: dict[str, bytes] = {}  # to write a file again that a /tmp cleaner removed
@@ -203,7 +205,7 @@ class BulkProcesses:
                     self.processes,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_child_start,
-                    initargs=(self.nice, os.getpid()),
+                    initargs=(self.nice, os.getpid(), self.sched_idle),
                 )
                 for _ in range(self.processes):
                     self._pool.submit(_noop)

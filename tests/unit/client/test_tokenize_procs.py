@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from mesh.client.tokenize import TokenizerPool
+from mesh.config import BULK_SCHED
 from mesh.errors import InvalidInput
 from mesh.ingress.config import IngressConfig
 from proto_msgs import Lane, ModelInfo
@@ -140,6 +141,7 @@ import asyncio, sys, time
 sys.path[:0] = {sys.path!r}
 from tests.unit.client.test_tokenize_procs import INFO, TEXTS, TOKENIZER_JSON
 from mesh.client.tokenize import TokenizerPool
+from mesh.config import BULK_SCHED
 from proto_msgs import Lane
 async def main():
     pool = TokenizerPool(1, bulk_nice=0, processes=2)
@@ -228,18 +230,35 @@ def test_the_folder_of_a_process_killed_outright_is_removed_by_the_next_pool(tmp
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's SCHED_IDLE")
-@pytest.mark.parametrize("sched", ["", "idle"])
-async def test_children_run_at_the_bulk_nice_and_under_sched_idle_when_asked(
-    monkeypatch: pytest.MonkeyPatch, sched: str
+@pytest.mark.parametrize(
+    ("sched", "idle"),
+    [(None, BULK_SCHED == "idle"), ("", BULK_SCHED == "idle"), ("nice", False), ("idle", True),
+     (" IDLE ", True), ("bogus", BULK_SCHED == "idle")],
+)  # fmt: skip
+async def test_children_run_at_the_bulk_nice_and_under_sched_idle_unless_told_nice(
+    monkeypatch: pytest.MonkeyPatch, sched: str | None, idle: bool
 ) -> None:
-    monkeypatch.setenv("EMBEDMESH_BULK_SCHED", sched)  # the children inherit it at spawn
+    if sched is None:
+        monkeypatch.delenv("EMBEDMESH_BULK_SCHED", raising=False)
+    else:
+        monkeypatch.setenv("EMBEDMESH_BULK_SCHED", sched)
     pool = TokenizerPool(1, bulk_nice=5, processes=1)
     try:
         tok = pool.add("d", TOKENIZER_JSON, INFO)
         await pool.encode(tok, TEXTS, truncate=True, priority=Lane.BATCH)  # past start-up
         [child] = _child_pids(pool)
-        want = os.SCHED_IDLE if sched == "idle" else os.SCHED_OTHER
-        assert os.sched_getscheduler(child) == want
+        assert os.sched_getscheduler(child) == (os.SCHED_IDLE if idle else os.SCHED_OTHER)
         assert os.getpriority(os.PRIO_PROCESS, child) == os.getpriority(os.PRIO_PROCESS, 0) + 5
+    finally:
+        pool.close()
+
+
+def test_threads_alone_never_ask_for_sched_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SCHED_IDLE is for the child processes; without them nothing is set (a thread at
+    SCHED_IDLE holding the GIL keeps the event loop waiting: tokenize_procs's docstring)."""
+    monkeypatch.setenv("EMBEDMESH_BULK_SCHED", "idle")
+    pool = TokenizerPool(2, bulk_nice=0, processes=0)
+    try:
+        assert pool._procs is None
     finally:
         pool.close()
