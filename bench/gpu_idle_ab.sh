@@ -25,6 +25,6 @@ for round in 1 2 3 4; do
   hops "minilm-$round" .carry/minilm all-MiniLM-L6-v2
 done
 SKIP_JIT=1 MIXED_SECONDS=${MIXED_SECONDS:-20} MIXED_TIMEOUT=150 \
-  MIXED_CONFIGS="nice=|;sched-idle=EMBEDMESH_BULK_SCHED=idle|" bash bench/gpu_proof.sh "$out" mixed
+  MIXED_CONFIGS="nice=EMBEDMESH_BULK_SCHED=nice|;sched-idle=EMBEDMESH_BULK_SCHED=idle|" bash bench/gpu_proof.sh "$out" mixed
 hops bert-base /tmp/models/bert-base bert-base
 hops qwen3 /tmp/models/qwen3-0.6b qwen3-0.6b
