@@ -265,7 +265,8 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     default=config.TOKENIZE_PROCESSES,
     show_default=True,
     help="[ingress] Child processes tokenizing each ingress's bulk (batch-lane) requests, off "
-    "its event loop's GIL, which live queries need; 0: on the tokenizer threads.",
+    "its event loop's GIL, which live queries need; 0: on the tokenizer threads. They run at "
+    "nice EMBEDMESH_BULK_NICE (10) under SCHED_IDLE (EMBEDMESH_BULK_SCHED=idle|nice).",
 )
 @click.option(
     "--ingress-nice",

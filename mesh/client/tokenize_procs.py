@@ -11,7 +11,10 @@ a thread that holds the GIL and is preempted keeps the loop waiting, the lower i
 the longer. On the H200, MiniLM's live p99 under bulk went from 20-29 to 15-18 ms.
 
 So a client that owns its process (the ingress; ``MeshClient(tokenize_processes=N)``) sends
-its BATCH-lane chunks to ``N`` child processes at ``bulk_nice``. A chunk costs one pickle of
+its BATCH-lane chunks to ``N`` child processes at ``bulk_nice`` and, by default, under Linux's
+SCHED_IDLE (``mesh.config.BULK_SCHED``: a process, unlike a thread, holds no GIL the loop
+needs, so there a lower priority only gives the live path its cores; the figures above were
+measured at nice 10 alone). A chunk costs one pickle of
 its texts there and of its ids back, small beside tokenizing it. Children are started by
 ``spawn`` (never ``fork``: the parent runs zmq's and the executor's threads) when the first
 tokenizer is added, each loads a tokenizer the first time a chunk needs it, from a file the

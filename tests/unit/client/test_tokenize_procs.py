@@ -141,7 +141,6 @@ import asyncio, sys, time
 sys.path[:0] = {sys.path!r}
 from tests.unit.client.test_tokenize_procs import INFO, TEXTS, TOKENIZER_JSON
 from mesh.client.tokenize import TokenizerPool
-from mesh.config import BULK_SCHED
 from proto_msgs import Lane
 async def main():
     pool = TokenizerPool(1, bulk_nice=0, processes=2)
@@ -253,12 +252,31 @@ async def test_children_run_at_the_bulk_nice_and_under_sched_idle_unless_told_ni
         pool.close()
 
 
-def test_threads_alone_never_ask_for_sched_idle(monkeypatch: pytest.MonkeyPatch) -> None:
-    """SCHED_IDLE is for the child processes; without them nothing is set (a thread at
-    SCHED_IDLE holding the GIL keeps the event loop waiting: tokenize_procs's docstring)."""
-    monkeypatch.setenv("EMBEDMESH_BULK_SCHED", "idle")
+def test_a_bad_bulk_sched_value_is_named_in_a_warning_and_the_default_kept(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mesh.client.tokenize import bulk_sched_idle_from_env
+
+    monkeypatch.setenv("EMBEDMESH_BULK_SCHED", "idel")
+    with caplog.at_level("WARNING", logger="embedmesh.client"):
+        assert bulk_sched_idle_from_env() == (BULK_SCHED == "idle")
+    assert "'idel'" in caplog.text and "'idle' or 'nice'" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("EMBEDMESH_BULK_SCHED", "nice")
+    with caplog.at_level("WARNING", logger="embedmesh.client"):
+        assert bulk_sched_idle_from_env() is False
+    assert caplog.text == ""
+
+
+def test_threads_alone_do_not_read_the_bulk_sched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SCHED_IDLE is for the child processes (a thread at SCHED_IDLE holding the GIL keeps
+    the event loop waiting: tokenize_procs's docstring); a client on threads alone does not
+    even look at the variable, so a bad value there warns nobody."""
+    import mesh.client.tokenize as tokenize
+
+    def read() -> bool:
+        raise AssertionError("read EMBEDMESH_BULK_SCHED without tokenizer processes")
+
+    monkeypatch.setattr(tokenize, "bulk_sched_idle_from_env", read)
     pool = TokenizerPool(2, bulk_nice=0, processes=0)
-    try:
-        assert pool._procs is None
-    finally:
-        pool.close()
+    pool.close()
