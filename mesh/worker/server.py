@@ -63,6 +63,24 @@ INLINE_SPIN_S = 0.002
 EXIT_HUNG = 70
 
 
+def switch_interval_s() -> float:
+    """The GIL switch interval while serving: ``EMBEDMESH_WORKER_SWITCH_US`` (microseconds,
+    50..5000, for measuring what a live query's hops on the link and lane threads lose to the
+    compute thread's share of the GIL), else SWITCH_INTERVAL_S. A bad value keeps the default."""
+    raw = os.environ.get("EMBEDMESH_WORKER_SWITCH_US", "").strip()
+    if not raw:
+        return SWITCH_INTERVAL_S
+    try:
+        us = float(raw)
+    except ValueError:
+        us = 0.0
+    if not 50 <= us <= 5000:
+        log.warning("EMBEDMESH_WORKER_SWITCH_US=%r is not 50..5000: using %g us", raw,
+                    SWITCH_INTERVAL_S * 1e6)  # fmt: skip
+        return SWITCH_INTERVAL_S
+    return us / 1e6
+
+
 def inline_max_ms_for(device_type: str, live_lane: bool = False) -> float:
     """The inline bound for a worker on ``device_type``: none on CPU without a live lane, so
     that every forward runs on the compute thread. torch's CPU kernels run on OpenMP
@@ -221,7 +239,9 @@ class WorkerServer:
         # incoming batch could wait that long for it, which starves a fast GPU of credits.
         # Much shorter costs the compute thread in forced handoffs.
         switch = sys.getswitchinterval()
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        sys.setswitchinterval(switch_interval_s())
+        if sys.getswitchinterval() != SWITCH_INTERVAL_S:
+            log.info("GIL switch interval %.0f us", sys.getswitchinterval() * 1e6)
         self.link.start()
         finisher = threading.Thread(target=self._finish_loop, name="finisher", daemon=True)
         finisher.start()

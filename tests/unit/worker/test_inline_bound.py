@@ -10,7 +10,14 @@ import torch
 import zmq
 
 from mesh.config import Liveness
-from mesh.worker.server import INLINE_MAX_MS, WorkerOptions, WorkerServer, inline_max_ms_for
+from mesh.worker.server import (
+    INLINE_MAX_MS,
+    SWITCH_INTERVAL_S,
+    WorkerOptions,
+    WorkerServer,
+    inline_max_ms_for,
+    switch_interval_s,
+)
 from proto_msgs import ModelInfo, encode
 from tests.unit.worker.worker_fakes import DIMS, SumEngine, assign, next_reply, serving
 
@@ -75,3 +82,19 @@ def test_with_a_bound_an_idle_cpu_worker_answers_on_its_link_thread() -> None:
             assert next_reply(router).batch_id == batch_id
     # The first small batch has no timing yet and takes the compute thread; the rest inline.
     assert engine.threads[1:] == ["broker-link"] * 4
+
+
+@pytest.mark.parametrize(
+    ("value", "want_s"),
+    [(None, SWITCH_INTERVAL_S), ("", SWITCH_INTERVAL_S), ("200", 0.0002), ("50", 0.00005),
+     ("5000", 0.005), ("20", SWITCH_INTERVAL_S), ("9000", SWITCH_INTERVAL_S),
+     ("fast", SWITCH_INTERVAL_S)],
+)  # fmt: skip
+def test_the_gil_switch_interval_is_the_default_unless_a_sane_override_is_given(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, want_s: float
+) -> None:
+    if value is None:
+        monkeypatch.delenv("EMBEDMESH_WORKER_SWITCH_US", raising=False)
+    else:
+        monkeypatch.setenv("EMBEDMESH_WORKER_SWITCH_US", value)
+    assert switch_interval_s() == pytest.approx(want_s)
