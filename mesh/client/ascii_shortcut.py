@@ -105,6 +105,8 @@ class AsciiShortcut:
             if token.get("normalized") and configured.normalizer is not None:
                 contents.add(configured.normalizer.normalize_str(content))
         contents.discard("")  # an empty alternative would match every text
+        # The longest text an added-token match can span: how far past a cut to look.
+        self.longest_added = max(map(len, contents), default=0)
         self.tokenizer: Tokenizer | None = None
         if steps:  # none (no normalizer, or an ASCII no-op one): nothing to save
             self.tokenizer = Tokenizer.from_str(configured.to_str())
@@ -148,13 +150,21 @@ class AsciiShortcut:
             return [], []
         indices: list[int] = []
         normalized: list[str] = []
-        added = self._added
         for i, text in enumerate(texts):
-            if not text.isascii():
-                continue
-            norm = self.normalize(text)
-            if added is not None and (added.search(text) or added.search(norm)):
-                continue
-            indices.append(i)
-            normalized.append(norm)
+            norm = self.normalized(text)
+            if norm is not None:
+                indices.append(i)
+                normalized.append(norm)
         return indices, normalized
+
+    def normalized(self, text: str, search: str | None = None) -> str | None:
+        """``text`` normalized when it may take the shortcut, else None. ``search``: the
+        text to look for added tokens in, when ``text`` is a cut piece of it (a token that
+        straddles the cut must still send the text the full way)."""
+        if not text.isascii() or (search is not None and not search.isascii()):
+            return None
+        norm = self.normalize(text)
+        added = self._added
+        if added is not None and (added.search(search or text) or added.search(norm)):
+            return None
+        return norm

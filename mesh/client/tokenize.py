@@ -41,6 +41,7 @@ from mesh.client.ascii_shortcut import AsciiShortcut
 from mesh.client.executor import PriorityExecutor
 from mesh.client.request import over_limit_message
 from mesh.client.tokenize_procs import BrokenProcessPool, BulkProcesses
+from mesh.client.word_memo import WordMemo
 from mesh.config import BULK_NICE, BULK_SCHED
 from mesh.errors import InvalidInput
 from proto_msgs import Lane, ModelInfo
@@ -84,6 +85,18 @@ class ModelTokenizer:
         self._shortcut = AsciiShortcut(tokenizer_json.decode("utf-8"), self._tok)
         longest = max(map(len, self._tok.get_vocab(with_added_tokens=True)), default=1)
         self.cut_chars = (model.max_input_tokens + 1) * min(longest, MAX_CHARS_PER_TOKEN)
+        # And a BERT-style WordPiece tokenizes those texts word by word from a memo of each
+        # word's ids: a third of the time again (mesh/client/word_memo.py).
+        # EMBEDMESH_WORD_MEMO=0 turns it off (to compare, or should a tokenizer ever slip past
+        # its self-check).
+        self._memo = WordMemo(
+            tokenizer_json.decode("utf-8"),
+            self._tok,
+            self._shortcut,
+            model.max_input_tokens,
+            self.cut_chars,
+            enabled=os.environ.get("EMBEDMESH_WORD_MEMO", "1").strip() != "0",
+        )
         self._prompt_lengths: dict[str, int] = {}
 
     def prompt_length(self, prompt: str) -> int:
@@ -107,16 +120,17 @@ class ModelTokenizer:
         return self._tok
 
     def encode(
-        self, texts: list[str], truncate: bool, first: int = 0
+        self, texts: list[str], truncate: bool, first: int = 0, memo: bool = True
     ) -> tuple[np.ndarray, np.ndarray]:
         """Token ids (int32, concatenated) and lengths (int32) of ``texts``, which are inputs
-        ``first``, ``first + 1``, ... of their request (for error messages)."""
-        encodings = self.encode_cut(texts)
-        if not truncate:
-            for i, enc in enumerate(encodings):
-                if enc.overflowing:
-                    raise InvalidInput(over_limit_message(first + i, self.model), param="input")
-        id_lists = [enc.ids for enc in encodings]
+        ``first``, ``first + 1``, ... of their request (for error messages). ``memo``: the
+        word memo may serve them; it holds the GIL while it works, where the tokenizer's
+        batch calls release it, so a thread sharing its process with an event loop passes
+        False (:meth:`encode_in_thread`)."""
+        id_lists, over = self._ids(texts, memo)
+        if not truncate and any(over):
+            i = first + over.index(True)  # the first offending input, as the message says
+            raise InvalidInput(over_limit_message(i, self.model), param="input")
         lengths = np.fromiter(map(len, id_lists), dtype=np.int32, count=len(id_lists))
         if lengths.min(initial=1) < 1:
             i = first + int(np.argmin(lengths))
@@ -126,6 +140,35 @@ class ModelTokenizer:
             itertools.chain.from_iterable(id_lists), dtype=np.int32, count=int(lengths.sum())
         )
         return ids, lengths
+
+    def encode_in_thread(
+        self, texts: list[str], truncate: bool, first: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`encode` by the tokenizer's GIL-releasing calls alone: for a pool thread
+        beside the event loop, which would otherwise wait for the GIL the memo holds."""
+        return self.encode(texts, truncate, first, memo=False)
+
+    def _ids(self, texts: list[str], use_memo: bool) -> tuple[list[list[int]], list[bool]]:
+        """Each text's ids (truncated at the limit) and whether it overflowed: from the word
+        memo where it applies (and ``use_memo``), the rest from the tokenizer's encodings."""
+        memo = self._memo
+        if not (use_memo and memo.on):
+            encodings = self.encode_cut(texts)
+            return [enc.ids for enc in encodings], [bool(enc.overflowing) for enc in encodings]
+        id_lists: list[list[int]] = []
+        over: list[bool] = []
+        rest: list[int] = []
+        for i, text in enumerate(texts):
+            got = memo.ids(text)
+            if got is None:
+                rest.append(i)
+                got = ([], False)
+            id_lists.append(got[0])
+            over.append(got[1])
+        if rest:
+            for i, enc in zip(rest, self.encode_cut([texts[i] for i in rest]), strict=True):
+                id_lists[i], over[i] = enc.ids, bool(enc.overflowing)
+        return id_lists, over
 
     def encode_cut(self, texts: list[str]) -> list[Encoding]:
         """Each text tokenized and truncated at the limit, tokenizing a bounded prefix."""
@@ -301,7 +344,7 @@ class TokenizerPool:
             asyncio.ensure_future(self._in_child(tok, texts[a:b], truncate, a))
             if in_child
             else asyncio.wrap_future(
-                self._pool.submit(int(priority), tok.encode, texts[a:b], truncate, a)
+                self._pool.submit(int(priority), tok.encode_in_thread, texts[a:b], truncate, a)
             )
             for a, b in chunks(texts, tok.cut_chars, *sizes)
         ]
@@ -328,7 +371,9 @@ class TokenizerPool:
         except (BrokenProcessPool, OSError) as exc:
             if pool is not None and isinstance(exc, BrokenProcessPool):
                 self._procs.broken(pool, exc)
-            fallback = self._pool.submit(int(Lane.BATCH), tok.encode, texts, truncate, first)
+            fallback = self._pool.submit(
+                int(Lane.BATCH), tok.encode_in_thread, texts, truncate, first
+            )
             return await asyncio.wrap_future(fallback)
 
     def run(self, priority: Lane, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:

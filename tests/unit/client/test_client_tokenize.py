@@ -137,6 +137,7 @@ def spied(limit: int) -> tuple[ModelTokenizer, SpyTokenizer]:
     ascii_spy = SpyTokenizer(tok._shortcut.tokenizer)
     ascii_spy.pieces, ascii_spy.fast = spy.pieces, spy.fast
     tok._shortcut.tokenizer = ascii_spy  # type: ignore[assignment]
+    tok._memo.on = False  # these tests are about the tokenizer's way (test_word_memo: the memo's)
     return tok, spy
 
 
@@ -182,9 +183,9 @@ async def test_a_query_is_tokenized_before_bulk_chunks_queued_ahead_of_it() -> N
     order: list[int] = []
     real = tok.encode
 
-    def recording(texts: list[str], truncate: bool, first: int = 0):
+    def recording(texts: list[str], truncate: bool, first: int = 0, memo: bool = True):
         order.append(len(texts))
-        return real(texts, truncate, first)
+        return real(texts, truncate, first, memo)
 
     tok.encode = recording  # type: ignore[method-assign]
     gate = threading.Event()
