@@ -1,6 +1,9 @@
-"""What the ASCII shortcut saves (mesh/client/ascii_shortcut.py): the embedded MiniLM's
-``ModelTokenizer.encode`` over the corpus in 64-text calls, one thread, with the shortcut and
-with it turned off, alternated; best of ``--rounds`` per variant, µs per token.
+"""What the ASCII shortcut (mesh/client/ascii_shortcut.py) and the word memo
+(mesh/client/word_memo.py) save: the embedded MiniLM's ``ModelTokenizer.encode`` over the
+corpus in 64-text calls, one thread, with both (``memo``, what a tokenizer process and the
+event loop run), with the shortcut alone (``shortcut``, what a pool thread runs:
+``encode_in_thread``) and with neither (``full``), alternated; best of ``--rounds`` per
+variant, µs per token.
 
     python bench/ascii_shortcut_speed.py [--rounds 5]
 
@@ -36,9 +39,9 @@ def tokenizer(shortcut: bool) -> ModelTokenizer:
     return tok
 
 
-def timed(tok: ModelTokenizer, calls: list[list[str]]) -> tuple[float, int]:
+def timed(tok: ModelTokenizer, calls: list[list[str]], memo: bool) -> tuple[float, int]:
     start = time.perf_counter()
-    tokens = sum(int(tok.encode(texts, truncate=True)[1].sum()) for texts in calls)
+    tokens = sum(int(tok.encode(texts, True, memo=memo)[1].sum()) for texts in calls)
     return time.perf_counter() - start, tokens
 
 
@@ -51,13 +54,15 @@ def main() -> None:
     calls = [texts[i : i + 64] for i in range(0, len(texts), 64)]
     on, off = tokenizer(True), tokenizer(False)
     for call in calls:
-        got, want = on.encode(call, True), off.encode(call, True)
-        assert all(np.array_equal(x, y) for x, y in zip(got, want, strict=True))
-    best = {"shortcut": float("inf"), "full": float("inf")}
+        want = off.encode(call, True, memo=False)
+        for got in (on.encode(call, True), on.encode(call, True, memo=False)):
+            assert all(np.array_equal(x, y) for x, y in zip(got, want, strict=True))
+    variants = (("full", off, False), ("shortcut", on, False), ("memo", on, True))
+    best = {name: float("inf") for name, _, _ in variants}
     tokens = 0
     for _ in range(args.rounds):
-        for name, tok in (("full", off), ("shortcut", on)):
-            seconds, tokens = timed(tok, calls)
+        for name, tok, memo in variants:
+            seconds, tokens = timed(tok, calls, memo)
             best[name] = min(best[name], seconds)
     ascii_share = sum(t.isascii() for t in texts) / len(texts)
     print(f"{len(texts)} corpus texts ({ascii_share:.0%} ASCII), {tokens} tokens, 64 a call")
@@ -65,7 +70,8 @@ def main() -> None:
         print(
             f"{name:9s} {seconds / tokens * 1e6:.3f} µs a token, {tokens / seconds / 1e6:.3f} M/s"
         )
-    print(f"saved: {1 - best['shortcut'] / best['full']:.0%} of the tokenizing time")
+    for name in ("shortcut", "memo"):
+        print(f"{name} saves {1 - best[name] / best['full']:.0%} of the tokenizing time")
 
 
 if __name__ == "__main__":
