@@ -95,7 +95,8 @@ class ModelTokenizer:
             self._shortcut,
             model.max_input_tokens,
             self.cut_chars,
-            enabled=os.environ.get("EMBEDMESH_WORD_MEMO", "1").strip() != "0",
+            enabled=os.environ.get("EMBEDMESH_WORD_MEMO", "1").strip().lower()
+            not in ("0", "false", "off", "no"),
         )
         self._prompt_lengths: dict[str, int] = {}
 
@@ -189,8 +190,9 @@ class ModelTokenizer:
                 todo = [i for i in todo if len(texts[i]) > bounds[i]]
             pieces = [texts[i][: bounds[i]] for i in todo]
             again = []
+            longest = self._shortcut.longest_added
             for i, enc in zip(todo, self._batch(pieces, fast=False), strict=True):
-                if _settled(enc):
+                if _settled(enc, longest):
                     out[i] = enc
                 else:
                     bounds[i] *= GROWTH
@@ -226,15 +228,30 @@ def _last_word(word_ids: list[int | None]) -> int:
     return next((w for w in reversed(word_ids) if w is not None), -1)
 
 
-def _settled(enc: Encoding) -> bool:
+def _settled(enc: Encoding, longest_added: int = 0) -> bool:
     """Whether a cut piece's truncated encoding is the full text's: it overflowed (so the text
     holds more tokens than the limit) and its kept tokens end before the piece's last two
     words (the last may be split by the cut; the one before it guards against a pre-tokenizer
-    whose split looks one character ahead)."""
+    whose split looks one character ahead) and before the piece's last ``longest_added``
+    characters (an added token's text running past the cut, matched in the whole text, may
+    start there and span several words: "</e1>" is four)."""
     rest = enc.overflowing
     if not rest:
         return False
-    return _last_word(enc.word_ids) < _last_word(rest[-1].word_ids) - 1
+    if _last_word(enc.word_ids) >= _last_word(rest[-1].word_ids) - 1:
+        return False
+    if not longest_added:
+        return True
+    # In the offsets' own coordinates (the normalized text's, for the ASCII shortcut's
+    # encodings): where the kept tokens end against where the piece's last token ends.
+    return _last_end(enc) <= _last_end(rest[-1]) - longest_added
+
+
+def _last_end(enc: Encoding) -> int:
+    ends = (
+        end for word, (_, end) in zip(enc.word_ids, enc.offsets, strict=True) if word is not None
+    )
+    return max(ends, default=0)
 
 
 def chunks(

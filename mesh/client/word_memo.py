@@ -49,12 +49,14 @@ log = logging.getLogger("embedmesh.client")
 _PUNCT = r"!-/:-@\[-`{-~"
 # A word: a run of anything but whitespace and punctuation; or one punctuation character.
 _WORDS = re.compile(rf"[^\t\n\x0b\x0c\r {_PUNCT}]+|[{_PUNCT}]")
-# Words kept at most; past it the memo starts again (a few thousand words carry most tokens:
-# what it drops is found again at once). 200k words of ~10 characters: tens of MB.
-MAX_WORDS = 200_000
+# Words and pieces kept at most; past either the memo starts again (a few thousand words carry
+# most tokens: what it drops is found again at once). Ids are shared int objects, so a piece
+# costs a pointer: at the bounds a few tens of MB a process, however odd the words.
+MAX_WORDS = 100_000
+MAX_PIECES = 1_000_000
 # Longer words are looked up in the model each time, not kept: a stream of unique long strings
 # (ids, hashes, base64) would fill the memo with words seen once.
-MAX_WORD_CHARS = 48
+MAX_WORD_CHARS = 32
 _PROBES = [
     "Hello, World! UPPER lower MiXeD 123 $%^&*()_+-=[]{};':\",./<>?`~|\\ x",
     "tabs\tand\nnewlines\r\nand\x0bvertical\x0cfeeds \x00\x01\x1f\x7f in w\x07ords",
@@ -85,6 +87,7 @@ class WordMemo:
         self._shortcut = shortcut
         self._cut = cut_chars
         self._memo: dict[str, tuple[int, ...]] = {}
+        self._stored = 0  # pieces in the memo (approximate under threads: a bound, not a count)
         self._prefix: list[int] = []
         self._suffix: list[int] = []
         self._room = 0
@@ -95,6 +98,8 @@ class WordMemo:
         if not enabled or plain is None or pre != "BertPreTokenizer" or model != "WordPiece":
             return
         self._model = plain.model
+        # One int object per id, shared by every memo entry (a fresh int is 28 bytes).
+        self._ints = list(range(plain.get_vocab_size(with_added_tokens=True)))
         # What the post-processor puts around a text: around the pieces of a probe word.
         probe = "a"
         pieces = list(self._pieces(probe))
@@ -113,7 +118,8 @@ class WordMemo:
             self._memo.clear()
 
     def _pieces(self, word: str) -> tuple[int, ...]:
-        return tuple(token.id for token in self._model.tokenize(word))
+        ints = self._ints
+        return tuple(ints[token.id] for token in self._model.tokenize(word))
 
     def _agrees(self, configured: Tokenizer, spec: dict[str, Any]) -> bool:
         """Whether the memo gives the tokenizer's ids and overflow on probe texts: the
@@ -135,33 +141,44 @@ class WordMemo:
             if ours != (enc.ids, bool(enc.overflowing)):
                 return False
         self._memo.clear()  # the probes' words are not the texts'
+        self._stored = 0
         return True
 
     def ids(self, text: str) -> tuple[list[int], bool] | None:
         """``text``'s ids and whether it overflowed the limit (its ids then cut at it), or
         None: it goes the tokenizer's way."""
         cut = len(text) > self._cut
+        longest = self._shortcut.longest_added
         if cut:
             piece = text[: self._cut]
-            search = text[: self._cut + self._shortcut.longest_added]
+            # Past the cut: an added token's text that starts in the piece, and (at least) the
+            # next character, which a unicode normal form could combine with the piece's last.
+            search = text[: self._cut + max(1, longest)]
             norm = self._shortcut.normalized(piece, search)
         else:
             norm = self._shortcut.normalized(text)
         if norm is None:
             return None
-        words = _WORDS.findall(norm)
         if cut:
-            del words[-1:]  # the cut may have split it
+            # Only up to where no added token's match can still begin (one running past the
+            # piece, spelled in a case or with a character the raw search does not match, would
+            # take words before the cut), less the last word there, which may be split.
+            words = _WORDS.findall(norm, 0, max(0, len(norm) - max(longest - 1, 0)))
+            del words[-1:]
+        else:
+            words = _WORDS.findall(norm)
         memo = self._memo
         got = list(map(memo.get, words))
         if None in got:
-            if len(memo) > MAX_WORDS:
+            if len(memo) > MAX_WORDS or self._stored > MAX_PIECES:
                 memo.clear()
+                self._stored = 0
             for i, word in enumerate(words):
                 if got[i] is None:
                     pieces = got[i] = self._pieces(word)
                     if len(word) <= MAX_WORD_CHARS:
                         memo[word] = pieces
+                        self._stored += len(pieces)
         flat = list(itertools.chain.from_iterable(got))  # type: ignore[arg-type]
         over = len(flat) > self._room
         if cut and not over:

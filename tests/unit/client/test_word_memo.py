@@ -180,8 +180,80 @@ def test_a_tokenizer_that_disagrees_on_the_probes_turns_it_off(monkeypatch, capl
     assert tok.encode(["Hello, World!"], truncate=True)[1].tolist() == [6]
 
 
-def test_the_environment_can_turn_it_off(monkeypatch) -> None:
-    monkeypatch.setenv("EMBEDMESH_WORD_MEMO", "0")
-    assert not ours()._memo.on
-    monkeypatch.setenv("EMBEDMESH_WORD_MEMO", "1")
-    assert ours()._memo.on
+@pytest.mark.parametrize(("value", "on"), [("0", False), ("off", False), (" False ", False),
+                                           ("no", False), ("1", True), ("", True)])  # fmt: skip
+def test_the_environment_can_turn_it_off(monkeypatch, value: str, on: bool) -> None:
+    monkeypatch.setenv("EMBEDMESH_WORD_MEMO", value)
+    assert ours()._memo.on is on
+
+
+def _with_added(tokenizer_json: str, special: bool, *contents: str) -> str:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(tokenizer_json)
+    (tok.add_special_tokens if special else tok.add_tokens)(list(contents))
+    return tok.to_str()
+
+
+def _both_ways(tokenizer_json: str, texts: list[str], limit: int) -> None:
+    tok = ours(tokenizer_json, limit)
+    ref = want(tokenizer_json, texts, limit)
+    assert got(tok, texts) == ref
+    for way in (tok.encode, tok.encode_in_thread):
+        ids, lengths = way(texts, truncate=True)
+        assert ids.tolist() == [i for ids_, _ in ref for i in ids_]
+
+
+@pytest.mark.parametrize("limit", [4, 256])
+@pytest.mark.parametrize("spelling", ["QFOO BAR", "qfoo b\x00ar", "foo bar", "FOO BAR"])
+def test_a_multi_word_added_token_across_the_cut(limit: int, spelling: str) -> None:
+    """tokenizer.add_tokens(["foo bar"]) (matched on the normalized text) spelled so that the
+    raw text does not show it, across the cut: the words before it stay the token's."""
+    added = _with_added(MINILM_JSON, False, "foo bar")
+    cut = ours(added, limit).cut_chars
+    texts = []
+    for shift in range(2, 9):
+        head = "a " * (limit - 4) if limit > 8 else ""
+        texts.append(head + " " * (cut - shift - len(head)) + spelling + " tail" * 10)
+    _both_ways(added, texts, limit)
+
+
+@pytest.mark.parametrize("limit", [4, 256])
+def test_a_special_token_of_four_words_across_the_cut(limit: int) -> None:
+    """ "</e1>" is "<", "/", "e1", ">" to the pre-tokenizer: the tokenizer's own way (the cut
+    piece's settling) must leave all four to the token too, not only the last word."""
+    added = _with_added(MINILM_JSON, True, "</e1>")
+    cut = ours(added, limit).cut_chars
+    texts = [
+        "x " * p + " " * (cut - back - 2 * p) + "</e1> tail tail"
+        for p in range(max(0, limit - 4), limit)
+        for back in (2, 3, 4)
+    ]
+    _both_ways(added, texts, limit)
+
+
+def test_a_unicode_form_joining_the_character_past_the_cut() -> None:
+    """NFKC turns "<" + U+0338 into "≮", which is not punctuation: the character after the cut
+    is looked at even for a tokenizer without added tokens."""
+    spec = json.loads(MINILM_JSON)
+    spec["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFKC"},
+                                                              {"type": "Lowercase"}]}  # fmt: skip
+    spec["added_tokens"] = []
+    tokenizer_json = json.dumps(spec)
+    tok = ours(tokenizer_json, 4)
+    cut = tok.cut_chars
+    text = "a" + " " * (cut - 14) + "tokenization<" + "\u0338 tail tail"
+    assert text[cut] == "\u0338" and tok._memo.on
+    _both_ways(tokenizer_json, [text], 4)
+
+
+def test_the_memo_counts_pieces_too(monkeypatch) -> None:
+    monkeypatch.setattr(word_memo, "MAX_PIECES", 6)
+    tok = ours()
+    text = "unbelievable tokenization antidisestablishmentarianism hello"
+    for _ in range(3):
+        assert got(tok, [text]) == want(MINILM_JSON, [text], 256)
+        assert tok._memo._stored <= 6 + 10
+    # One shared int object per id: the memo's pieces are the ids list's own objects.
+    pieces = tok._memo._memo.get("hello") or tok._memo._pieces("hello")
+    assert all(p is tok._memo._ints[p] for p in pieces)
