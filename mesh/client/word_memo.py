@@ -23,8 +23,10 @@ or type ids get the tokenizer's encodings. The ids are the tokenizer's whenever 
 - the post-processor adds the same tokens around every single text (BERT's ``[CLS] $A
   [SEP]``), read off the tokenizer's own encoding of a probe word, and truncation keeps the
   first ``max_tokens`` less those; a text longer than the cut (``ModelTokenizer.cut_chars``)
-  is split from its cut piece less the piece's last word, and goes the full way unless that
-  already overflows.
+  is split from its cut piece up to where no added token's match could still begin, less the
+  last word there (the cut or that bound may split it), and goes the full way unless that
+  already overflows (the character after the cut must be ASCII too: a unicode normal form
+  could join it to the piece's last).
 
 A self-check at start compares the memo's ids and overflow with the tokenizer's on probe
 texts (and the added tokens beside words) and turns the memo off with a warning on any
