@@ -32,7 +32,6 @@ use the full tokenizer.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable
@@ -45,8 +44,9 @@ from tokenizers import Tokenizer
 _CLEAN = {**{c: None for c in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F]},
           0x09: 0x20, 0x0A: 0x20, 0x0D: 0x20}  # fmt: skip
 _UNICODE_FORMS = frozenset({"NFC", "NFD", "NFKC", "NFKD"})
-# What a shortcut must encode as the full tokenizer does before it is used (AsciiShortcut._agrees).
-_PROBES = [
+# What a shortcut must encode as the full tokenizer does before it is used (AsciiShortcut._agrees;
+# the word memo's self-check starts from them too).
+PROBES = [
     "Hello, World! UPPER lower MiXeD 123 $%^&*()_+-=[]{};':\",./<>?`~|\\",
     "tabs\tand\nnewlines\r\nand\x0bvertical\x0cfeeds \x00\x01\x1f\x7f in w\x07ords",
     "x" * 120 + " past a 100-character word, don't e-mail me@example.com (v2.0)",
@@ -89,10 +89,10 @@ def _steps(spec: dict[str, Any] | None) -> list[Step] | None:
 class AsciiShortcut:
     """For one tokenizer: which texts may skip its normalizer, and those texts normalized."""
 
-    def __init__(self, tokenizer_json: str, configured: Tokenizer) -> None:
-        """``configured``: the model's tokenizer with its truncation and padding already set;
-        the shortcut's tokenizer is a copy of it without the normalizer."""
-        spec = json.loads(tokenizer_json)
+    def __init__(self, spec: dict[str, Any], configured: Tokenizer) -> None:
+        """``spec``: the tokenizer.json, parsed; ``configured``: the model's tokenizer with its
+        truncation and padding already set. The shortcut's tokenizer is a copy of it without
+        the normalizer."""
         steps = _steps(spec.get("normalizer"))
         # An added token is matched by its content on the raw text, or (``normalized``, the
         # default of ``add_tokens`` for plain tokens) by its content normalized, on the
@@ -124,7 +124,7 @@ class AsciiShortcut:
         """Whether the shortcut gives the full tokenizer's encodings on probe texts: ASCII
         built to trip the normalizer, and each added token's text in other cases and beside
         others' (most of them go the full way; those that do not must agree). About 1 ms."""
-        probes = [*_PROBES]
+        probes = [*PROBES]
         for content in sorted(contents)[:64]:
             probes += [f"x {content} y", f"x{content.lower()}y", f"X {content.upper()}"]
         indices, normalized = self.split(probes)

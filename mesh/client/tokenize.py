@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -75,14 +76,16 @@ class ModelTokenizer:
     def __init__(self, tokenizer_json: bytes, model: ModelInfo, digest: str | None = None) -> None:
         self.model = model
         self.digest = digest  # the catalog's key for it: what tokenizer processes load it by
-        self._tok = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
+        text = tokenizer_json.decode("utf-8")
+        spec = json.loads(text)  # read by the shortcut and the memo: parsed once
+        self._tok = Tokenizer.from_str(text)
         # Shipped tokenizer.json files often pad/cut to a fixed length (all-MiniLM-L6-v2's
         # pads to 128): packed batches want neither.
         self._tok.no_padding()
         self._tok.enable_truncation(model.max_input_tokens)
         # ASCII texts normalized in Python skip the tokenizer's normalizer: a third of
         # WordPiece's time (mesh/client/ascii_shortcut.py).
-        self._shortcut = AsciiShortcut(tokenizer_json.decode("utf-8"), self._tok)
+        self._shortcut = AsciiShortcut(spec, self._tok)
         longest = max(map(len, self._tok.get_vocab(with_added_tokens=True)), default=1)
         self.cut_chars = (model.max_input_tokens + 1) * min(longest, MAX_CHARS_PER_TOKEN)
         # And a BERT-style WordPiece tokenizes those texts word by word from a memo of each
@@ -90,7 +93,7 @@ class ModelTokenizer:
         # EMBEDMESH_WORD_MEMO=0 turns it off (to compare, or should a tokenizer ever slip past
         # its self-check).
         self._memo = WordMemo(
-            tokenizer_json.decode("utf-8"),
+            spec,
             self._tok,
             self._shortcut,
             model.max_input_tokens,

@@ -36,14 +36,13 @@ difference, as the shortcut does.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import re
 from typing import Any
 
 from tokenizers import Tokenizer
 
-from mesh.client.ascii_shortcut import AsciiShortcut
+from mesh.client.ascii_shortcut import PROBES, AsciiShortcut
 
 log = logging.getLogger("embedmesh.client")
 
@@ -59,14 +58,12 @@ MAX_PIECES = 1_000_000
 # Longer words are looked up in the model each time, not kept: a stream of unique long strings
 # (ids, hashes, base64) would fill the memo with words seen once.
 MAX_WORD_CHARS = 32
+# The shortcut's probes, and these: punctuation then a word, words of several pieces, blanks.
 _PROBES = [
+    *PROBES,
     "Hello, World! UPPER lower MiXeD 123 $%^&*()_+-=[]{};':\",./<>?`~|\\ x",
-    "tabs\tand\nnewlines\r\nand\x0bvertical\x0cfeeds \x00\x01\x1f\x7f in w\x07ords",
-    "x" * 120 + " past a 100-character word, don't e-mail me@example.com (v2.0)",
     "unaffable unbelievably tokenization preprocessing antidisestablishmentarianism",
-    "",
     "   ",
-    "\x00\x01",
 ]
 
 
@@ -75,14 +72,15 @@ class WordMemo:
 
     def __init__(
         self,
-        tokenizer_json: str,
+        spec: dict[str, Any],
         configured: Tokenizer,
         shortcut: AsciiShortcut,
         max_tokens: int,
         cut_chars: int,
         enabled: bool = True,
     ) -> None:
-        """``configured``: the model's tokenizer with its truncation at ``max_tokens``;
+        """``spec``: the tokenizer.json, parsed; ``configured``: the model's tokenizer with
+        its truncation at ``max_tokens``;
         ``shortcut``: its ASCII shortcut; ``cut_chars``: where a long text is cut;
         ``enabled``: False leaves it off."""
         self.on = False
@@ -93,7 +91,6 @@ class WordMemo:
         self._prefix: list[int] = []
         self._suffix: list[int] = []
         self._room = 0
-        spec: dict[str, Any] = json.loads(tokenizer_json)
         plain = shortcut.tokenizer
         pre = (spec.get("pre_tokenizer") or {}).get("type")
         model = (spec.get("model") or {}).get("type")

@@ -157,7 +157,10 @@ def test_a_mixed_batch_keeps_its_order() -> None:
 )
 def test_known_normalizers_take_the_shortcut_and_encode_the_same(normalizer: dict) -> None:
     tokenizer_json = with_normalizer(MINILM_JSON, normalizer)
-    assert AsciiShortcut(tokenizer_json, reference(tokenizer_json, 8)).tokenizer is not None
+    assert (
+        AsciiShortcut(json.loads(tokenizer_json), reference(tokenizer_json, 8)).tokenizer
+        is not None
+    )
     assert_same(tokenizer_json, TRICKY)
 
 
@@ -178,7 +181,7 @@ def test_known_normalizers_take_the_shortcut_and_encode_the_same(normalizer: dic
 )
 def test_other_normalizers_turn_the_shortcut_off(normalizer: dict | None) -> None:
     tokenizer_json = with_normalizer(MINILM_JSON, normalizer)
-    shortcut = AsciiShortcut(tokenizer_json, reference(tokenizer_json, 8))
+    shortcut = AsciiShortcut(json.loads(tokenizer_json), reference(tokenizer_json, 8))
     assert shortcut.tokenizer is None and shortcut.split(["plain"]) == ([], [])
     assert_same(tokenizer_json, TRICKY)
 
@@ -215,8 +218,8 @@ def test_a_shortcut_that_disagrees_on_the_probes_is_turned_off(
 
     wrong = {"BertNormalizer": [lambda text: text.translate(module._CLEAN)]}
     monkeypatch.setattr(module, "_steps", lambda spec: wrong.get(spec["type"]))
-    shortcut = AsciiShortcut(MINILM_JSON, reference(MINILM_JSON, 16))
+    shortcut = AsciiShortcut(json.loads(MINILM_JSON), reference(MINILM_JSON, 16))
     assert shortcut.tokenizer is None and shortcut.split(["plain"]) == ([], [])
     assert "ASCII shortcut off" in caplog.text
     monkeypatch.undo()
-    assert AsciiShortcut(MINILM_JSON, reference(MINILM_JSON, 16)).tokenizer is not None
+    assert AsciiShortcut(json.loads(MINILM_JSON), reference(MINILM_JSON, 16)).tokenizer is not None
