@@ -161,6 +161,16 @@ class ResultPipeline:
         weights = engine.embed_lexical(batch.token_ids, batch.offsets, skip)[1] if lexical else None  # type: ignore[attr-defined]
         return pooled, span_rows, group, weights
 
+    def wait(self, launched: Launched) -> None:
+        """Sleep (without the GIL) until ``launched``'s results exist; a device fault is
+        left for :meth:`collect` to raise, where its caller handles it."""
+        if launched.done is None:
+            return
+        try:
+            launched.done.synchronize()
+        except Exception:  # noqa: BLE001 - raised again, and handled, at collect
+            pass
+
     def collect(self, launched: Launched, spin_s: float = 0.0) -> tuple[list[np.ndarray], float]:
         """Wait for ``launched`` (call in launch order) and return its host results and the
         milliseconds the device spent on it (from when it could start to when it finished).

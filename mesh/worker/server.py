@@ -34,6 +34,7 @@ import zmq
 
 from mesh.config import WORKER_WATCHDOG_S, Liveness
 from mesh.worker.link import BrokerLink, Incoming
+from mesh.worker.live_gate import LiveGate, live_gate_ms_from_env
 from mesh.worker.live_lane import LiveLane
 from mesh.worker.pipeline import Launched, ResultPipeline
 from proto_msgs import (
@@ -179,6 +180,8 @@ class WorkerServer:
         live_tokens = min(INLINE_MAX_TOKENS, options.max_batch_tokens)
         self.live = LiveLane(engine, live_tokens) if options.live_lane else None
         self._lane_lock = threading.Lock()  # the lane's engine: one batch at a time
+        # While a lane batch runs, the bulk threads leave it the GIL (mesh.worker.live_gate).
+        self.gate = LiveGate(live_gate_ms_from_env() if self.live is not None else 0.0)
         self._lane_queue: queue.Queue[Incoming | None] | None = (
             queue.Queue() if self.live is not None else None
         )
@@ -272,6 +275,7 @@ class WorkerServer:
                     log.error("test hook: compute loop hangs now (after %d batches)", launched)
                     self._stop.wait()
                     break
+                self.gate.yield_to_live()  # a live batch running: its GIL first
                 started = time.perf_counter()
                 self.stats.waited_s += started - item.received_at
                 self._done.put((item, self._launch(item, self.pipeline)))
@@ -298,7 +302,7 @@ class WorkerServer:
                     profile.dump_stats(self.options.profile_out)
                 except OSError as exc:  # diagnostics must not break shutdown
                     log.error("could not write the profile: %s", exc)
-            log.info("worker loop: %s", self.stats.summary())
+            log.info("worker loop: %s; %s", self.stats.summary(), self.gate.summary())
             runner = getattr(self.engine, "runner", None)
             if runner is not None:
                 log.info("worker graphs: %s", runner.summary())
@@ -327,7 +331,8 @@ class WorkerServer:
         # lane thread is not inside one.
         if live and self._lane_lock.acquire(blocking=False):
             try:
-                return self._run_here(item, live=True, spin=idle)
+                with self.gate.live():
+                    return self._run_here(item, live=True, spin=idle)
             finally:
                 self._lane_lock.release()
         if lane:  # too slow for the link thread, or the lane busy: its own thread, not bulk's
@@ -404,7 +409,7 @@ class WorkerServer:
                 if item.epoch != self.link.epoch:
                     self._track(-1)
                     continue
-                with self._lane_lock:
+                with self._lane_lock, self.gate.live():
                     frames = self._run_here(item, live=True, spin=False)
                 self._hand_to_link(sender, item, frames)
         finally:
@@ -497,6 +502,11 @@ class WorkerServer:
                 if entry is None:
                     break
                 item, launched = entry
+                if not isinstance(launched, list):
+                    # Asleep until the device is done, then, if a live batch is running, until
+                    # it is not: the copy-out and the encoding below want the GIL.
+                    self.pipeline.wait(launched)
+                    self.gate.yield_to_live()
                 started = time.perf_counter()
                 frames = (
                     launched

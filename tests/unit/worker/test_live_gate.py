@@ -1,0 +1,136 @@
+"""The worker's live gate (mesh.worker.live_gate): while a live batch runs, the bulk threads
+wait at their checkpoints (bounded), so the live batch's thread has the GIL to itself."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from mesh.worker.live_gate import LIVE_GATE_MS, LiveGate, live_gate_ms_from_env
+from mesh.worker.server import INLINE_MAX_TOKENS
+from proto_msgs import BatchResult, encode
+from tests.envs import set_or_unset
+from tests.unit.worker.worker_fakes import SumEngine, assign, next_reply, serving
+
+
+def test_a_checkpoint_returns_at_once_when_no_live_batch_runs() -> None:
+    gate = LiveGate(10_000)
+    assert gate.yield_to_live() == 0.0 and gate.waits == 0
+
+
+def test_a_checkpoint_waits_for_the_live_batch_to_end() -> None:
+    gate = LiveGate(10_000)
+    entered, leave = threading.Event(), threading.Event()
+
+    def live() -> None:
+        with gate.live():
+            entered.set()
+            leave.wait(10)
+
+    runner = threading.Thread(target=live)
+    runner.start()
+    assert entered.wait(10)
+    waited: list[float] = []
+    bulk = threading.Thread(target=lambda: waited.append(gate.yield_to_live()))
+    bulk.start()
+    bulk.join(0.2)
+    assert bulk.is_alive()  # still waiting: the live batch has not ended
+    leave.set()
+    bulk.join(10)
+    runner.join(10)
+    assert not bulk.is_alive() and waited[0] >= 0.2
+    assert (gate.waits, gate.timeouts) == (1, 0)
+
+
+def test_a_checkpoint_never_waits_longer_than_its_bound() -> None:
+    gate = LiveGate(50)
+    with gate.live():
+        waited = gate.yield_to_live()
+    assert waited >= 0.05 and (gate.waits, gate.timeouts) == (1, 1)
+    assert "1 cut at 50 ms" in gate.summary()
+
+
+def test_a_gate_turned_off_never_waits() -> None:
+    gate = LiveGate(0)
+    with gate.live():
+        assert gate.yield_to_live() == 0.0
+    assert not gate.enabled and gate.summary() == "live gate off"
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [(None, LIVE_GATE_MS), ("", LIVE_GATE_MS), ("0", 0.0), ("7.5", 7.5), ("20", 20.0),
+     ("-1", LIVE_GATE_MS), ("21", LIVE_GATE_MS), ("soon", LIVE_GATE_MS)],  # fmt: skip
+)
+def test_the_bound_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, raw: str | None, want: float
+) -> None:
+    set_or_unset(monkeypatch, "EMBEDMESH_LIVE_GATE_MS", raw)
+    assert live_gate_ms_from_env() == want
+
+
+class _Timeline(SumEngine):
+    """Records when each batch's forward starts and ends; its live-lane sibling takes
+    ``lane_s`` a batch (slow enough that the lane's own thread runs it, not the link's)."""
+
+    vocab_size = 1000
+
+    def __init__(self, lane_s: float, events: list[tuple[str, str, float]] | None = None,
+                 role: str = "bulk") -> None:  # fmt: skip
+        self.lane_s, self.role = lane_s, role
+        self.events = [] if events is None else events
+        self.live_started = threading.Event()
+
+    def live_lane(self, max_tokens: int) -> _Timeline:
+        lane = _Timeline(self.lane_s, self.events, role="live")
+        lane.live_started = self.live_started
+        return lane
+
+    def warmup(self, buckets: list[int]) -> None:
+        pass
+
+    def embed(self, ids: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
+        self.events.append((self.role, "start", time.perf_counter()))
+        if self.role == "live":
+            self.live_started.set()
+            time.sleep(self.lane_s)
+        out = super().embed(ids, offsets)
+        self.events.append((self.role, "end", time.perf_counter()))
+        return out
+
+
+def _bulk_sent_during_a_live_batch(gate_ms: float, endpoint: str) -> tuple[list[int], list]:
+    """A live batch running on the lane's thread for 0.4 s, and a bulk batch arriving
+    meanwhile: the replies' batch ids in order, and the engines' timeline."""
+    engine = _Timeline(lane_s=0.4)
+    # The lane's warm-up took 0.4 s, over the 100 ms inline bound: its batches run on its own
+    # thread, so the link thread stays free to take the bulk batch meanwhile.
+    with serving(engine, endpoint, 100.0, 3, live_lane=True) as (router, identity, server):
+        server.gate = LiveGate(gate_ms)
+        engine.live_started.clear()
+        del engine.events[:]
+        router.send_multipart([identity, *encode(assign(1))])
+        assert engine.live_started.wait(10)
+        router.send_multipart([identity, *encode(assign(2, INLINE_MAX_TOKENS + 1))])
+        replies = [next_reply(router) for _ in range(2)]
+    assert all(isinstance(r, BatchResult) for r in replies)
+    return [r.batch_id for r in replies], engine.events
+
+
+def test_a_bulk_batch_arriving_during_a_live_batch_launches_after_it() -> None:
+    order, events = _bulk_sent_during_a_live_batch(10_000, "inproc://gate-1")
+    live_end = next(t for role, what, t in events if (role, what) == ("live", "end"))
+    bulk_start = next(t for role, what, t in events if (role, what) == ("bulk", "start"))
+    assert bulk_start >= live_end and order == [1, 2]
+
+
+def test_without_the_gate_the_bulk_batch_runs_beside_the_live_one() -> None:
+    # The same scene with the gate off: what the gate changes.
+    order, events = _bulk_sent_during_a_live_batch(0, "inproc://gate-2")
+    live_end = next(t for role, what, t in events if (role, what) == ("live", "end"))
+    bulk_start = next(t for role, what, t in events if (role, what) == ("bulk", "start"))
+    assert bulk_start < live_end and order == [2, 1]
