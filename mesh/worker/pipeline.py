@@ -20,6 +20,7 @@ two-deep loop did that per batch and ran slower than the serial one).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -166,10 +167,9 @@ class ResultPipeline:
         left for :meth:`collect` to raise, where its caller handles it."""
         if launched.done is None:
             return
-        try:
+        # A fault is raised again, and handled, at collect.
+        with contextlib.suppress(Exception):
             launched.done.synchronize()
-        except Exception:  # noqa: BLE001 - raised again, and handled, at collect
-            pass
 
     def collect(self, launched: Launched, spin_s: float = 0.0) -> tuple[list[np.ndarray], float]:
         """Wait for ``launched`` (call in launch order) and return its host results and the
