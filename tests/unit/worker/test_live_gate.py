@@ -63,8 +63,16 @@ def test_a_gate_turned_off_never_waits() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "want"),
-    [(None, LIVE_GATE_MS), ("", LIVE_GATE_MS), ("0", 0.0), ("7.5", 7.5), ("20", 20.0),
-     ("-1", LIVE_GATE_MS), ("21", LIVE_GATE_MS), ("soon", LIVE_GATE_MS)],  # fmt: skip
+    [
+        (None, LIVE_GATE_MS),
+        ("", LIVE_GATE_MS),
+        ("0", 0.0),
+        ("7.5", 7.5),
+        ("20", 20.0),
+        ("-1", LIVE_GATE_MS),
+        ("21", LIVE_GATE_MS),
+        ("soon", LIVE_GATE_MS),
+    ],  # fmt: skip
 )
 def test_the_bound_comes_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, raw: str | None, want: float
