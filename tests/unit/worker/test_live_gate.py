@@ -142,3 +142,30 @@ def test_without_the_gate_the_bulk_batch_runs_beside_the_live_one() -> None:
     live_end = next(t for role, what, t in events if (role, what) == ("live", "end"))
     bulk_start = next(t for role, what, t in events if (role, what) == ("bulk", "start"))
     assert bulk_start < live_end and order == [2, 1]
+
+
+class _Recording(LiveGate):
+    """A gate that records which threads stop at its checkpoints."""
+
+    def __init__(self) -> None:
+        super().__init__(LIVE_GATE_MS)
+        self.threads: list[str] = []
+
+    def yield_to_live(self) -> float:
+        self.threads.append(threading.current_thread().name)
+        return super().yield_to_live()
+
+
+def test_both_bulk_threads_stop_at_the_gate_and_the_live_ones_never_do() -> None:
+    engine = _Timeline(lane_s=0.0)
+    with serving(engine, "inproc://gate-3", 100.0, 3, live_lane=True) as (router, identity, server):
+        gate = server.gate = _Recording()
+        router.send_multipart([identity, *encode(assign(1, INLINE_MAX_TOKENS + 1))])  # bulk
+        assert isinstance(next_reply(router), BatchResult)
+        router.send_multipart([identity, *encode(assign(2))])  # a live query, on the lane
+        assert isinstance(next_reply(router), BatchResult)
+        assert server.stats.live == 1
+    # Once each for the bulk batch: the compute thread before its launch, the finisher
+    # before collecting it; the live query's thread never waits for itself.
+    assert len(gate.threads) == 2 and gate.threads.count("finisher") == 1
+    assert not {"broker-link", "live-lane"} & set(gate.threads)  # the other: the compute loop
