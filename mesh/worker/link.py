@@ -35,6 +35,9 @@ from proto_msgs import (
 
 log = logging.getLogger("embedmesh.worker")
 
+# Sends a reply's frames on the broker socket, at once, from the link thread.
+Reply = Callable[[list[Any]], None]
+
 
 @dataclass
 class Incoming:
@@ -57,7 +60,7 @@ class BrokerLink:
         ready: WorkerReady,
         liveness: Liveness,
         connect: callable | None = None,  # type: ignore[valid-type]
-        accept: Callable[[Incoming], list[Any] | None] | None = None,
+        accept: Callable[[Incoming, Reply], None] | None = None,
         backoff_min_s: float = RECONNECT_BACKOFF_MIN_S,
         backoff_max_s: float = RECONNECT_BACKOFF_MAX_S,
     ) -> None:
@@ -66,8 +69,10 @@ class BrokerLink:
         self.ready = ready
         self.liveness = liveness
         self._connect = connect  # hook for CURVE: connect(sock, endpoint)
-        # Called on this thread for each batch: None when it took the batch (queued it), or
-        # the frames of its reply, sent at once. Without it, batches go to ``batches``.
+        # Called on this thread for each batch, with a function that sends a reply's frames
+        # on the broker socket at once: it queues the batch, or runs it and replies before
+        # it returns (the reply function is this thread's, for that call only). Without it,
+        # batches go to ``batches``.
         self._accept = accept or self._enqueue
         self.backoff_min_s = backoff_min_s
         self.backoff_max_s = backoff_max_s
@@ -173,7 +178,7 @@ class BrokerLink:
             if int(tagged[0].bytes) == epoch:
                 sock.send_multipart(tagged[1:], copy=False)
 
-    def _enqueue(self, item: Incoming) -> None:
+    def _enqueue(self, item: Incoming, _reply: Reply) -> None:
         self.batches.put(item)
 
     def _on_message(
@@ -188,9 +193,10 @@ class BrokerLink:
                 log.warning("dropped malformed message from broker (%s)", exc.reason)
             return True
         if isinstance(msg, BatchAssign):
-            reply = self._accept(Incoming(epoch=epoch, batch=msg, received_at=received_at))
-            if reply is not None:
-                sock.send_multipart(reply, copy=False)
+            self._accept(
+                Incoming(epoch=epoch, batch=msg, received_at=received_at),
+                lambda frames: sock.send_multipart(frames, copy=False),
+            )
         elif isinstance(msg, Disconnect):
             log.warning("broker asked us to reconnect: %s", msg.reason)
             return False

@@ -33,7 +33,7 @@ import torch
 import zmq
 
 from mesh.config import WORKER_WATCHDOG_S, Liveness
-from mesh.worker.link import BrokerLink, Incoming
+from mesh.worker.link import BrokerLink, Incoming, Reply
 from mesh.worker.live_gate import LiveGate, live_gate_ms_from_env
 from mesh.worker.live_lane import LiveLane
 from mesh.worker.pipeline import Launched, ResultPipeline
@@ -307,9 +307,9 @@ class WorkerServer:
             if runner is not None:
                 log.info("worker graphs: %s", runner.summary())
 
-    def _accept(self, item: Incoming) -> list[Any] | None:
-        """Link thread, each batch: queue it for the compute loop, or run it here and return
-        its reply frames for the link to send. With a live lane (:mod:`mesh.worker.live_lane`)
+    def _accept(self, item: Incoming, reply: Reply) -> None:
+        """Link thread, each batch: queue it for the compute loop, or run it here and send
+        its reply with ``reply`` (on the link's socket). With a live lane (:mod:`mesh.worker.live_lane`)
         every batch of its size runs there, busy or not: here when quick and the lane free,
         else on the lane's own thread (``_lane_loop``), never behind bulk. Without one, a
         small, quick batch that finds the worker idle runs here.
@@ -331,18 +331,20 @@ class WorkerServer:
         # lane thread is not inside one.
         if live and self._lane_lock.acquire(blocking=False):
             try:
+                # The reply leaves inside the gate: its send wants the GIL too.
                 with self.gate.live():
-                    return self._run_here(item, live=True, spin=idle)
+                    reply(self._run_here(item, live=True, spin=idle))
             finally:
                 self._lane_lock.release()
+            return
         if lane:  # too slow for the link thread, or the lane busy: its own thread, not bulk's
             assert self._lane_queue is not None
             self._lane_queue.put(item)
-            return None
+            return
         if quick:
-            return self._run_here(item, live=False, spin=True)
+            reply(self._run_here(item, live=False, spin=True))
+            return
         self.link.batches.put(item)
-        return None
 
     def _lane_takes(self, batch: BatchAssign) -> bool:
         """Whether ``batch`` runs on the live lane (on this thread or the lane's): small
@@ -409,9 +411,12 @@ class WorkerServer:
                 if item.epoch != self.link.epoch:
                     self._track(-1)
                     continue
-                with self._lane_lock, self.gate.live():
-                    frames = self._run_here(item, live=True, spin=False)
-                self._hand_to_link(sender, item, frames)
+                # The hand-off to the link inside the gate too: bulk threads woken before it
+                # could take the GIL from it (and their replies could pass it).
+                with self.gate.live():
+                    with self._lane_lock:
+                        frames = self._run_here(item, live=True, spin=False)
+                    self._hand_to_link(sender, item, frames)
         finally:
             sender.close(linger=0)
 
@@ -502,12 +507,12 @@ class WorkerServer:
                 if entry is None:
                     break
                 item, launched = entry
+                started = time.perf_counter()
                 if not isinstance(launched, list):
                     # Asleep until the device is done, then, if a live batch is running, until
                     # it is not: the copy-out and the encoding below want the GIL.
                     self.pipeline.wait(launched)
                     self.gate.yield_to_live()
-                started = time.perf_counter()
                 frames = (
                     launched
                     if isinstance(launched, list)
