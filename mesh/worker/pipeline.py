@@ -20,7 +20,6 @@ two-deep loop did that per batch and ran slower than the serial one).
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -71,6 +70,9 @@ class Launched:
     # perf_counter when the results were on the host: the end of launch on CPU (it computes
     # them), the end of collect's wait and copy out of the slot on CUDA.
     ready_at: float = 0.0
+    # Set by ResultPipeline.wait: when the device was done, and the fault it raised if any.
+    done_at: float = 0.0
+    fault: BaseException | None = None
 
 
 class ResultPipeline:
@@ -163,13 +165,17 @@ class ResultPipeline:
         return pooled, span_rows, group, weights
 
     def wait(self, launched: Launched) -> None:
-        """Sleep (without the GIL) until ``launched``'s results exist; a device fault is
-        left for :meth:`collect` to raise, where its caller handles it."""
+        """Sleep (without the GIL) until ``launched``'s results exist, for a caller that has
+        more to wait for before :meth:`collect` (the finisher: the live gate). The device time
+        ends here, not at collect; a device fault is kept for collect to raise, where its
+        caller handles it (a CUDA error need not raise twice)."""
         if launched.done is None:
             return
-        # A fault is raised again, and handled, at collect.
-        with contextlib.suppress(Exception):
+        try:
             launched.done.synchronize()
+        except Exception as exc:  # raised at collect
+            launched.fault = exc
+        launched.done_at = time.perf_counter()
 
     def collect(self, launched: Launched, spin_s: float = 0.0) -> tuple[list[np.ndarray], float]:
         """Wait for ``launched`` (call in launch order) and return its host results and the
@@ -179,6 +185,8 @@ class ResultPipeline:
         caller no other Python thread is waiting on (the worker's inline path: an idle
         worker's query), where waking from the driver's sleep is pure latency."""
         try:
+            if launched.fault is not None:
+                raise launched.fault
             if launched.done is not None:
                 if spin_s > 0.0:
                     until = time.perf_counter() + spin_s
@@ -197,7 +205,7 @@ class ResultPipeline:
                 launched.keep.clear()
                 self._release(launched.slot)
                 launched.slot = None
-        now = time.perf_counter()
+        now = launched.done_at or time.perf_counter()
         # Batches run one after another on the device: this one started when it was
         # launched or when the previous one finished, whichever was later.
         ms = (now - max(launched.started, self._last_done)) * 1000

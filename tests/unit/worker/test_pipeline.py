@@ -173,3 +173,40 @@ def test_a_spin_gives_up_at_its_bound_and_sleeps_on_the_event() -> None:
     launched = Launched(1, time.perf_counter(), [torch.zeros(1, 1)], done=event)  # type: ignore[arg-type]
     pipeline.collect(launched, spin_s=0.005)
     assert event.synchronized and 0 < event.queries < 10**9
+
+
+class _OnceFaulty:
+    """A CUDA event stand-in whose first wait raises (a device fault that does not stick)."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def synchronize(self) -> None:
+        self.waits += 1
+        if self.waits == 1:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def query(self) -> bool:
+        return True
+
+
+def test_a_fault_seen_by_wait_is_raised_by_collect_even_if_it_does_not_raise_twice() -> None:
+    pipe = ResultPipeline(FixedEngine(), torch.device("cpu"))
+    launched = Launched(1, time.perf_counter(), [torch.zeros(2)], done=_OnceFaulty())  # type: ignore[arg-type]
+    pipe.wait(launched)  # the finisher's wait before the live gate: it must not raise here
+    assert launched.fault is not None and launched.done_at > 0
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        pipe.collect(launched)
+
+
+def test_wait_then_collect_gives_the_results_and_ends_the_device_time_at_the_wait() -> None:
+    pipe = ResultPipeline(FixedEngine(), torch.device("cpu"))
+    event = _OnceFaulty()
+    event.waits = 1  # healthy from here on
+    launched = Launched(1, time.perf_counter(), [torch.arange(3.0)], done=event)  # type: ignore[arg-type]
+    pipe.wait(launched)
+    done_at = launched.done_at
+    results, _ms = pipe.collect(launched)
+    np.testing.assert_array_equal(results[0], [0.0, 1.0, 2.0])
+    # The next batch's device time starts where this one's ended: at the wait, not at collect.
+    assert pipe._last_done == done_at
