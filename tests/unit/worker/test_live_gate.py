@@ -3,8 +3,10 @@ wait at their checkpoints (bounded), so the live batch's thread has the GIL to i
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -50,7 +52,7 @@ def test_a_checkpoint_never_waits_longer_than_its_bound() -> None:
     gate = LiveGate(50)
     with gate.live():
         waited = gate.yield_to_live()
-    assert waited >= 0.05 and (gate.waits, gate.timeouts) == (1, 1)
+    assert 0.05 <= waited < 5.0 and (gate.waits, gate.timeouts) == (1, 1)
     assert "1 cut at 50 ms" in gate.summary()
 
 
@@ -111,9 +113,9 @@ class _Timeline(SumEngine):
         return out
 
 
-def _bulk_sent_during_a_live_batch(gate_ms: float, endpoint: str) -> tuple[list[int], list]:
+def _bulk_sent_during_a_live_batch(gate_ms: float, endpoint: str) -> list[tuple[str, str, float]]:
     """A live batch running on the lane's thread for 0.4 s, and a bulk batch arriving
-    meanwhile: the replies' batch ids in order, and the engines' timeline."""
+    meanwhile, both answered: the engines' timeline."""
     engine = _Timeline(lane_s=0.4)
     # The lane's warm-up took 0.4 s, over the 100 ms inline bound: its batches run on its own
     # thread, so the link thread stays free to take the bulk batch meanwhile.
@@ -126,34 +128,45 @@ def _bulk_sent_during_a_live_batch(gate_ms: float, endpoint: str) -> tuple[list[
         router.send_multipart([identity, *encode(assign(2, INLINE_MAX_TOKENS + 1))])
         replies = [next_reply(router) for _ in range(2)]
     assert all(isinstance(r, BatchResult) for r in replies)
-    return [r.batch_id for r in replies], engine.events
+    assert sorted(r.batch_id for r in replies) == [1, 2]
+    return engine.events
 
 
 def test_a_bulk_batch_arriving_during_a_live_batch_launches_after_it() -> None:
-    order, events = _bulk_sent_during_a_live_batch(10_000, "inproc://gate-1")
+    events = _bulk_sent_during_a_live_batch(10_000, "inproc://gate-1")
     live_end = next(t for role, what, t in events if (role, what) == ("live", "end"))
     bulk_start = next(t for role, what, t in events if (role, what) == ("bulk", "start"))
-    assert bulk_start >= live_end and order == [1, 2]
+    # (Not the replies' order: the live reply leaves the lane thread for the link inside
+    # the gate, but the link may forward the two in either order.)
+    assert bulk_start >= live_end
 
 
 def test_without_the_gate_the_bulk_batch_runs_beside_the_live_one() -> None:
     # The same scene with the gate off: what the gate changes.
-    order, events = _bulk_sent_during_a_live_batch(0, "inproc://gate-2")
+    events = _bulk_sent_during_a_live_batch(0, "inproc://gate-2")
     live_end = next(t for role, what, t in events if (role, what) == ("live", "end"))
     bulk_start = next(t for role, what, t in events if (role, what) == ("bulk", "start"))
-    assert bulk_start < live_end and order == [2, 1]
+    assert bulk_start < live_end
 
 
 class _Recording(LiveGate):
-    """A gate that records which threads stop at its checkpoints."""
+    """A gate that records which threads stop at its checkpoints, and which run live
+    batches inside it."""
 
     def __init__(self) -> None:
         super().__init__(LIVE_GATE_MS)
         self.threads: list[str] = []
+        self.live_threads: list[str] = []
 
     def yield_to_live(self) -> float:
         self.threads.append(threading.current_thread().name)
         return super().yield_to_live()
+
+    @contextlib.contextmanager
+    def live(self) -> Iterator[None]:
+        self.live_threads.append(threading.current_thread().name)
+        with super().live():
+            yield
 
 
 def test_both_bulk_threads_stop_at_the_gate_and_the_live_ones_never_do() -> None:
@@ -169,3 +182,4 @@ def test_both_bulk_threads_stop_at_the_gate_and_the_live_ones_never_do() -> None
     # before collecting it; the live query's thread never waits for itself.
     assert len(gate.threads) == 2 and gate.threads.count("finisher") == 1
     assert not {"broker-link", "live-lane"} & set(gate.threads)  # the other: the compute loop
+    assert gate.live_threads == ["broker-link"]  # the query ran on the link thread, gated
