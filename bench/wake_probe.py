@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+from multiprocessing.synchronize import Event
 
 import zmq
 
@@ -32,7 +33,7 @@ def _recv(sock: zmq.Socket, spin: bool) -> list[bytes]:
     return sock.recv_multipart()
 
 
-def _echo(endpoint: str, spin: bool, ready: mp.Event) -> None:
+def _echo(endpoint: str, spin: bool, ready: Event) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.bind(endpoint)
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                 ready = mp.Event()
                 server = mp.Process(target=_echo, args=(endpoint, server_spin, ready), daemon=True)
                 server.start()
-                ready.wait(10)
+                if not ready.wait(10):
+                    raise SystemExit(f"the echo process did not bind {endpoint} in 10 s")
                 runs = _measure(endpoint, args.rounds, [g / 1000 for g in gaps], client_spin)
                 for gap, run in zip(gaps, runs, strict=True):
                     rtt = sorted(run)
