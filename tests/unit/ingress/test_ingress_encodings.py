@@ -100,3 +100,36 @@ async def test_big_responses_render_in_slices_to_the_same_bytes(fmt: str) -> Non
     counter.cancel()
     assert got == want
     assert yields >= x.size // SLICE_VALUES  # the loop ran between slices
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["pybase64", "stdlib"])
+@pytest.mark.parametrize(
+    ("rows", "dims", "dtype"),
+    [
+        (64, 384, "<f4"),  # whole 3-byte groups a row: one encoding of the matrix, sliced
+        (7, 768, "<f4"),
+        (1, 384, "<f4"),
+        (3, 1024, "<f4"),  # 4096 bytes a row, not a multiple of 3: one call a row
+        (5, 7, "<f4"),
+        (4, 48, "i1"),
+        (4, 5, "u1"),
+        (0, 384, "<f4"),
+    ],
+)
+def test_base64_rows_are_each_rows_own_encoding(
+    monkeypatch: pytest.MonkeyPatch, fast: bool, rows: int, dims: int, dtype: str
+) -> None:
+    from mesh.ingress import encodings
+
+    if not fast:  # the fallback a host without pybase64 takes
+        monkeypatch.setattr(encodings, "_fast_b64", None)
+    elif encodings._fast_b64 is None:
+        pytest.fail("pybase64 is a dependency: it should be installed")
+    rng = np.random.default_rng(rows * dims)
+    x = (rng.standard_normal((rows, dims)) * 50).astype(dtype)
+    want = [base64.b64encode(row.tobytes()).decode("ascii") for row in x]
+    assert encodings._b64_rows(x) == want
+    # A strided view (rows of a wider matrix) gives the same as its copy.
+    wide = np.zeros((rows, dims * 2), dtype=dtype)
+    wide[:, ::2] = x
+    assert encodings._b64_rows(wide[:, ::2]) == want
