@@ -12,6 +12,8 @@ save, and what else there is (issue 8's MiniLM bulk target is bound by the ingre
 on the H200 host, docs/gpu.md).
 
     python bench/ingress_profile.py [--seconds 15] [--concurrency 8] [--processes 3]
+
+``PROFILE_TOP=N`` prints N functions instead of 18.
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ def main() -> None:
         ingress.send_signal(signal.SIGINT)  # drains and exits: cProfile writes its stats
         ingress.wait(60)
         print("the ingress's event loop thread, by own time:")
-        pstats.Stats(prof).strip_dirs().sort_stats("tottime").print_stats(18)
+        pstats.Stats(prof).strip_dirs().sort_stats("tottime").print_stats(int(os.environ.get("PROFILE_TOP", "18")))
     finally:
         for p in [ingress, *procs]:  # whatever is still up after a failure, too
             if p.poll() is None:
