@@ -132,7 +132,9 @@ def main() -> None:
         ingress.send_signal(signal.SIGINT)  # drains and exits: cProfile writes its stats
         ingress.wait(60)
         print("the ingress's event loop thread, by own time:")
-        pstats.Stats(prof).strip_dirs().sort_stats("tottime").print_stats(int(os.environ.get("PROFILE_TOP", "18")))
+        pstats.Stats(prof).strip_dirs().sort_stats("tottime").print_stats(
+            int(os.environ.get("PROFILE_TOP", "18"))
+        )
     finally:
         for p in [ingress, *procs]:  # whatever is still up after a failure, too
             if p.poll() is None:
