@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterator
+
+from mesh.env_knobs import float_from_env
 
 log = logging.getLogger("embedmesh.worker")
 
@@ -40,18 +41,7 @@ _MAX_MS = 20.0
 def live_gate_ms_from_env() -> float:
     """``EMBEDMESH_LIVE_GATE_MS`` (0..20; 0 turns the gate off), else LIVE_GATE_MS. A bad value
     warns and keeps the default."""
-    raw = os.environ.get("EMBEDMESH_LIVE_GATE_MS", "").strip()
-    if not raw:
-        return LIVE_GATE_MS
-    try:
-        ms = float(raw)
-    except ValueError:
-        ms = -1.0
-    if not 0.0 <= ms <= _MAX_MS:
-        log.warning("EMBEDMESH_LIVE_GATE_MS=%r is not 0..%g: using %g ms", raw, _MAX_MS,
-                    LIVE_GATE_MS)  # fmt: skip
-        return LIVE_GATE_MS
-    return ms
+    return float_from_env("EMBEDMESH_LIVE_GATE_MS", LIVE_GATE_MS, 0.0, _MAX_MS, "ms", log)
 
 
 class LiveGate:

@@ -33,6 +33,7 @@ import torch
 import zmq
 
 from mesh.config import WORKER_WATCHDOG_S, Liveness
+from mesh.env_knobs import float_from_env
 from mesh.worker.link import BrokerLink, Incoming, Reply
 from mesh.worker.live_gate import LiveGate, live_gate_ms_from_env
 from mesh.worker.live_lane import LiveLane
@@ -68,18 +69,9 @@ def switch_interval_s() -> float:
     """The GIL switch interval while serving: ``EMBEDMESH_WORKER_SWITCH_US`` (microseconds,
     50..5000, for measuring what a live query's hops on the link and lane threads lose to the
     compute thread's share of the GIL), else SWITCH_INTERVAL_S. A bad value keeps the default."""
-    raw = os.environ.get("EMBEDMESH_WORKER_SWITCH_US", "").strip()
-    if not raw:
-        return SWITCH_INTERVAL_S
-    try:
-        us = float(raw)
-    except ValueError:
-        us = 0.0
-    if not 50 <= us <= 5000:
-        log.warning("EMBEDMESH_WORKER_SWITCH_US=%r is not 50..5000: using %g us", raw,
-                    SWITCH_INTERVAL_S * 1e6)  # fmt: skip
-        return SWITCH_INTERVAL_S
-    return us / 1e6
+    default_us = SWITCH_INTERVAL_S * 1e6
+    us = float_from_env("EMBEDMESH_WORKER_SWITCH_US", default_us, 50, 5000, "us", log)
+    return SWITCH_INTERVAL_S if us == default_us else us / 1e6
 
 
 def inline_max_ms_for(device_type: str, live_lane: bool = False) -> float:

@@ -183,3 +183,12 @@ def test_both_bulk_threads_stop_at_the_gate_and_the_live_ones_never_do() -> None
     assert len(gate.threads) == 2 and gate.threads.count("finisher") == 1
     assert not {"broker-link", "live-lane"} & set(gate.threads)  # the other: the compute loop
     assert gate.live_threads == ["broker-link"]  # the query ran on the link thread, gated
+
+
+def test_a_bad_bound_warns_and_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("EMBEDMESH_LIVE_GATE_MS", "soon")
+    with caplog.at_level("WARNING", logger="embedmesh.worker"):
+        assert live_gate_ms_from_env() == LIVE_GATE_MS
+    assert "EMBEDMESH_LIVE_GATE_MS='soon' is not 0..20: using 3 ms" in caplog.text

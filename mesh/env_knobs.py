@@ -1,0 +1,25 @@
+"""Numeric measuring knobs read from the environment (``EMBEDMESH_*``), for settings that are
+not flags of ``mesh-launch``: a value outside its range, or not a number, warns once and
+keeps the default, so a typo never stops a process."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+
+def float_from_env(
+    name: str, default: float, low: float, high: float, unit: str, log: logging.Logger
+) -> float:
+    """``name``'s value when it is a number in ``low..high``; ``default`` when unset or bad."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")  # outside every range
+    if not low <= value <= high:
+        log.warning("%s=%r is not %g..%g: using %g %s", name, raw, low, high, default, unit)
+        return default
+    return value
