@@ -126,7 +126,11 @@ def test_base64_rows_are_each_rows_own_encoding(
     elif encodings._fast_b64 is None:
         pytest.fail("pybase64 is a dependency: it should be installed")
     rng = np.random.default_rng(rows * dims)
-    x = (rng.standard_normal((rows, dims)) * 50).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        x = (rng.standard_normal((rows, dims)) * 50).astype(dtype)
+    else:
+        info = np.iinfo(dtype)
+        x = rng.integers(info.min, info.max, size=(rows, dims), endpoint=True, dtype=dtype)
     want = [base64.b64encode(row.tobytes()).decode("ascii") for row in x]
     assert encodings._b64_rows(x) == want
     # A strided view (rows of a wider matrix) gives the same as its copy.
