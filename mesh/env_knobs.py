@@ -1,6 +1,6 @@
-"""Numeric measuring knobs read from the environment (``EMBEDMESH_*``), for settings that are
-not flags of ``mesh-launch``: a value outside its range, or not a number, warns once and
-keeps the default, so a typo never stops a process."""
+"""Measuring knobs and switches read from the environment (``EMBEDMESH_*``), for settings that
+are not flags of ``mesh-launch``: a number outside its range, or not a number, warns and keeps
+the default, so a typo never stops a process."""
 
 from __future__ import annotations
 
@@ -23,3 +23,13 @@ def float_from_env(
         log.warning("%s=%r is not %g..%g: using %g %s", name, raw, low, high, default, unit)
         return default
     return value
+
+
+OFF = ("0", "false", "no", "off")
+
+
+def switch_from_env(name: str) -> bool | None:
+    """A switch: None when unset or blank (the caller's default), False for one of OFF (any
+    case), True for anything else."""
+    value = os.environ.get(name, "").strip().lower()
+    return None if value == "" else value not in OFF

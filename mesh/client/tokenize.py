@@ -44,6 +44,7 @@ from mesh.client.request import over_limit_message
 from mesh.client.tokenize_procs import BrokenProcessPool, BulkProcesses
 from mesh.client.word_memo import WordMemo
 from mesh.config import BULK_NICE, BULK_SCHED
+from mesh.env_knobs import switch_from_env
 from mesh.errors import InvalidInput
 from proto_msgs import Lane, ModelInfo
 
@@ -98,8 +99,7 @@ class ModelTokenizer:
             self._shortcut,
             model.max_input_tokens,
             self.cut_chars,
-            enabled=os.environ.get("EMBEDMESH_WORD_MEMO", "1").strip().lower()
-            not in ("0", "false", "off", "no"),
+            enabled=switch_from_env("EMBEDMESH_WORD_MEMO") is not False,
         )
         self._prompt_lengths: dict[str, int] = {}
 

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from mesh.env_knobs import float_from_env
+from mesh.env_knobs import float_from_env, switch_from_env
 from tests.envs import set_or_unset
 
 LOG = logging.getLogger("embedmesh.test")
@@ -44,3 +44,25 @@ def test_a_knob_is_its_value_in_range_else_the_default(
     assert ("EMBEDMESH_TEST_KNOB=" in caplog.text) == warns
     if warns:
         assert "is not 0..20: using 3 ms" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [
+        (None, None),
+        ("", None),
+        ("  ", None),
+        ("0", False),
+        ("false", False),
+        ("No", False),
+        (" OFF ", False),
+        ("1", True),
+        ("on", True),
+        ("yes", True),
+    ],  # fmt: skip
+)
+def test_a_switch_is_off_only_when_said_so(
+    monkeypatch: pytest.MonkeyPatch, raw: str | None, want: bool | None
+) -> None:
+    set_or_unset(monkeypatch, "EMBEDMESH_TEST_SWITCH", raw)
+    assert switch_from_env("EMBEDMESH_TEST_SWITCH") is want

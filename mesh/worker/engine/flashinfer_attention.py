@@ -15,10 +15,11 @@ so the CPU path never needs it.
 from __future__ import annotations
 
 import inspect
-import os
 
 import numpy as np
 import torch
+
+from mesh.env_knobs import switch_from_env
 
 # FlashInfer's recommended float workspace (split-k partial results); one per wrapper.
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -34,8 +35,7 @@ def pdl_from_env() -> bool | None:
     dependent launch (PDL, on by default on sm90), 1 with it; unset: FlashInfer's default.
     A diagnostic: it was the first suspect of the live lane's stall, and turning it off did
     not stop the stall (docs/gpu.md, "The live lane's stall: one cuBLAS workspace")."""
-    value = os.environ.get("EMBEDMESH_FLASHINFER_PDL", "").strip()
-    return None if value == "" else value not in ("0", "false", "no", "off")
+    return switch_from_env("EMBEDMESH_FLASHINFER_PDL")
 
 
 def cuda_backend(
