@@ -127,10 +127,8 @@ def _b64_rows(x: np.ndarray) -> list[str]:
     number of 3-byte groups (then row i's base64 is exactly characters [4/3 i r, 4/3 (i+1) r)
     of the matrix's, no padding inside: 384 or 768 float32 dims), else one call a row."""
     x = np.ascontiguousarray(x)
-    if x.ndim != 2 or x.size == 0:
-        return [_b64(row) for row in x]
-    row_bytes = x.shape[1] * x.itemsize
-    if row_bytes % 3 or len(x) == 1:
+    row_bytes = x.shape[-1] * x.itemsize if x.ndim else 0
+    if x.ndim != 2 or len(x) < 2 or row_bytes % 3 or row_bytes == 0:
         return [_b64(row) for row in x]
     text = _b64(x)
     width = row_bytes // 3 * 4
