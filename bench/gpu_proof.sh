@@ -10,12 +10,14 @@
 #   rerank  rerank throughput through HTTP (TEI /rerank, 1 query x 100 passages a request) of a
 #           BERT-base-shape cross-encoder beside sentence-transformers CrossEncoder.predict
 #   hops    one 12-word MiniLM query, idle: engine vs MeshClient vs HTTP, per hop, with the
-#           default ingress processes and with one ($HOPS_PROCS: "default 1")
+#           default ingress processes and with one ($HOPS_PROCS: "default 1"), each with the
+#           host's cores left to sleep and/or kept awake ($HOPS_AWAKE: "asleep" and/or "awake")
 #   mixed   MiniLM, bulk (32 clients x 64 texts) alone then with 10 live queries a second, per
 #           configuration of $MIXED_CONFIGS (';'-separated NAME=ENV|MESH_ARGS; default: the
 #           defaults (a live lane), without it, and without it at 3 credits holding two bulk
 #           batches while live), $MIXED_SECONDS windows after $MIXED_WARMUP seconds of warm-up,
-#           each cut at $MIXED_TIMEOUT seconds
+#           each cut at $MIXED_TIMEOUT seconds (KEEP_AWAKE=1 among a configuration's ENV: the
+#           host's cores kept awake meanwhile, bench/spinners.py)
 #   models  builds BERT-base and Qwen3-0.6B shapes (random weights) in /tmp/models/bert-base
 #           and /tmp/models/qwen3-0.6b, for MIXED_MODEL (default .carry/minilm, served as
 #           $MIXED_MODEL_NAME, default all-MiniLM-L6-v2)
@@ -30,6 +32,12 @@ stages=${2:-tests,rerank,hops}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 has() { [[ ",$stages," == *",$1,"* ]]; }
+# Busy loops at SCHED_IDLE on every core (bench/spinners.py) for a hops run whose $HOPS_AWAKE
+# entry is "awake", or a mixed configuration whose environment names KEEP_AWAKE=1.
+spin_pid=""
+spin_start() { python3 -m bench.spinners 0 & spin_pid=$!; sleep 1; }
+spin_stop() { [ -z "$spin_pid" ] || { kill "$spin_pid"; wait "$spin_pid" 2>/dev/null; spin_pid=""; }; }
+trap spin_stop EXIT
 
 [ -n "${SKIP_JIT:-}" ] || (for d in 64 128; do python3 tests/gpu/jit_warm.py $d >"$out/jit-$d.log" 2>&1 & done; wait)
 
@@ -56,12 +64,16 @@ fi
 
 if has hops; then
   for procs in ${HOPS_PROCS:-default 1}; do
+   for awake in ${HOPS_AWAKE:-asleep}; do
     extra=""; [ "$procs" = 1 ] && extra="--ingress-procs 1"
+    tag=$procs; [ "$awake" = awake ] && { tag=$procs-awake; spin_start; }
     python3 -m bench.cli --no-baseline --engine-budgets '' \
       --spawn "--device cuda --model .carry/minilm --warmup-buckets 16,32,64,128,256 $extra" \
       --model-name all-MiniLM-L6-v2 --encoding-format base64 --mode hops --latency-requests 300 \
-      --json "$out/hops-$procs/hops.json" >"$out/hops-$procs.log" 2>&1
-    grep -A3 "^hops in" "$out/hops-$procs.log" | head -n 4
+      --json "$out/hops-$tag/hops.json" >"$out/hops-$tag.log" 2>&1
+    spin_stop
+    echo "== hops $tag"; grep -A3 "^hops in" "$out/hops-$tag.log" | head -n 4
+   done
   done
 fi
 
@@ -80,6 +92,7 @@ if has mixed; then
   IFS=';' read -ra list <<<"$configs"
   for entry in "${list[@]}"; do
     name=${entry%%=*}; rest=${entry#*=}; envs=${rest%%|*}; margs=${rest#*|}
+    [[ " $envs " == *" KEEP_AWAKE=1 "* ]] && spin_start
     env $envs timeout "${MIXED_TIMEOUT:-900}" python3 -m bench.cli --no-baseline --engine-budgets '' \
       --spawn "--device cuda --model $mmodel --warmup-buckets 16,32,64,128,256 $margs" \
       --model-name "$mname" --encoding-format base64 \
@@ -90,6 +103,7 @@ if has mixed; then
     # A configuration that stalled the GPU (or ran past MIXED_TIMEOUT) must not leave its mesh
     # holding the device for the next one.
     pkill -9 -f -- "launch.cli --role" 2>/dev/null; pkill -9 -f -- "--role worker" 2>/dev/null
+    spin_stop
     sleep 1
   done
 fi

@@ -177,6 +177,8 @@ def main() -> None:
         port = 18000 + os.getpid() % 1000 * 2
         front, back = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"
     broker = [sys.executable, "-m", "launch.cli", "--role", "broker"]
+    if os.environ.get("BROKER_PROFILE"):  # cProfile of the broker process, written as it stops
+        broker[1:1] = ["-m", "cProfile", "-o", os.environ["BROKER_PROFILE"]]
     procs = [
         subprocess.Popen([*broker, "--frontend", front, "--backend", back], cwd=ROOT),
         subprocess.Popen(

@@ -25,6 +25,8 @@ from multiprocessing.synchronize import Event
 
 import zmq
 
+from bench import spinners
+
 
 def _recv(sock: zmq.Socket, spin: bool) -> list[bytes]:
     if spin:
@@ -80,12 +82,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--gaps", default="0,1,5,20", help="ms of idleness before each round trip")
     parser.add_argument("--json", default=None, help="write the results here too")
+    parser.add_argument(
+        "--block-only", action="store_true", help="only both sides blocking in recv (no spin rows)"
+    )
+    parser.add_argument(
+        "--keep-awake",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run N busy loops at SCHED_IDLE meanwhile (0: one per core; bench/spinners.py)",
+    )
     args = parser.parse_args(argv)
     gaps = [float(g) for g in args.gaps.split(",")]
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for server_spin in (False, True):
-            for client_spin in (False, True):
+    spins = (False,) if args.block_only else (False, True)
+    with tempfile.TemporaryDirectory() as tmp, spinners.spinning(args.keep_awake):
+        for server_spin in spins:
+            for client_spin in spins:
                 endpoint = f"ipc://{tmp}/probe-{int(server_spin)}{int(client_spin)}"
                 ready = mp.Event()
                 server = mp.Process(target=_echo, args=(endpoint, server_spin, ready), daemon=True)
@@ -99,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                         "server": "spin" if server_spin else "block",
                         "client": "spin" if client_spin else "block",
                         "gap_ms": gap,
+                        "keep_awake": args.keep_awake,
                         "p50_us": round(statistics.median(rtt), 1),
                         "p90_us": round(rtt[int(0.9 * (len(rtt) - 1))], 1),
                         "p99_us": round(rtt[int(0.99 * (len(rtt) - 1))], 1),
