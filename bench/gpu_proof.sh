@@ -9,7 +9,7 @@
 #   tests   the GPU tests named by $GPU_TESTS (a pytest -k expression; default: every GPU test)
 #   rerank  rerank throughput through HTTP (TEI /rerank, 1 query x 100 passages a request) of a
 #           BERT-base-shape cross-encoder beside sentence-transformers CrossEncoder.predict
-#   hops    one 12-word MiniLM query, idle: engine vs MeshClient vs HTTP, per hop, with the
+#   hops    one 12-word query, idle (MiniLM, or $HOPS_MODEL served as $HOPS_MODEL_NAME): engine vs MeshClient vs HTTP, per hop, with the
 #           default ingress processes and with one ($HOPS_PROCS: "default 1"), each with the
 #           host's cores left to sleep and/or kept awake ($HOPS_AWAKE: "asleep" and/or "awake")
 #   mixed   MiniLM, bulk (32 clients x 64 texts) alone then with 10 live queries a second, per
@@ -68,8 +68,8 @@ if has hops; then
     extra=""; [ "$procs" = 1 ] && extra="--ingress-procs 1"
     tag=$procs; [ "$awake" = awake ] && { tag=$procs-awake; spin_start; }
     python3 -m bench.cli --no-baseline --engine-budgets '' \
-      --spawn "--device cuda --model .carry/minilm --warmup-buckets 16,32,64,128,256 $extra" \
-      --model-name all-MiniLM-L6-v2 --encoding-format base64 --mode hops --latency-requests 300 \
+      --spawn "--device cuda --model ${HOPS_MODEL:-.carry/minilm} --warmup-buckets 16,32,64,128,256 $extra" \
+      --model-name "${HOPS_MODEL_NAME:-all-MiniLM-L6-v2}" --encoding-format base64 --mode hops --latency-requests 300 \
       --json "$out/hops-$tag/hops.json" >"$out/hops-$tag.log" 2>&1
     spin_stop
     echo "== hops $tag"; grep -A3 "^hops in" "$out/hops-$tag.log" | head -n 4
