@@ -16,10 +16,10 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import zmq
 import zmq.auth
@@ -111,15 +111,47 @@ def _is_ipv6(endpoint: str) -> bool:
 # ---- socket options ----------------------------------------------------------------------------
 
 
+# pyzmq's flags and options are IntFlag enums: every ``|`` or ``&`` on one builds an enum
+# member (~1.8 µs on the 2-core VM), and send_multipart does one per frame, recv_multipart an
+# option lookup per frame. As plain ints they cost nothing: 27 enum calls an idle query
+# in the broker alone.
+_SNDMORE = int(zmq.SNDMORE)
+NOBLOCK = int(zmq.NOBLOCK)
+_POLLIN = int(zmq.POLLIN)
+_EVENTS = int(zmq.EVENTS)
+
+
+def send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None:
+    """``sock.send_multipart(frames, flags, copy=False)``, the same frames on the wire, at
+    plain-int flags: ~2.5 µs a frame less, 11 frames an idle query in the broker."""
+    for i, frame in enumerate(frames):
+        # Checked before the first send, as send_multipart does: a frame refused after
+        # SNDMORE would leave half a message that the next send completes.
+        if not isinstance(frame, (zmq.Frame, bytes, memoryview)):
+            try:
+                memoryview(frame)
+            except Exception as exc:
+                raise TypeError(f"Frame {i} does not support the buffer interface.") from exc
+    send, more, last = sock.send, flags | _SNDMORE, len(frames) - 1
+    for i in range(last):
+        send(frames[i], more, copy=False)
+    send(frames[last], flags, copy=False)
+
+
 def waiting(sock: zmq.Socket, limit: int | None = None) -> Iterator[list[zmq.Frame]]:
     """The messages ``sock`` holds now (at most ``limit``), read without blocking, as
     zero-copy frames. ``zmq.EVENTS`` is asked before each read: ending on a raised
     ``zmq.Again`` cost ~15 µs a wake-up (its ``__init__`` imports and formats), which the
     broker and the worker link each paid twice per idle query."""
     count = 0
-    while (limit is None or count < limit) and sock.get(zmq.EVENTS) & zmq.POLLIN:
+    while (limit is None or count < limit) and sock.get(_EVENTS) & _POLLIN:
         try:
-            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            frame = sock.recv(NOBLOCK, copy=False)
+            frames = [frame]
+            # recv_multipart asks the RCVMORE option per frame; the Frame already says it.
+            while frame.more:
+                frame = sock.recv(NOBLOCK, copy=False)
+                frames.append(frame)
         except zmq.Again:
             return
         count += 1

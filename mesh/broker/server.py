@@ -35,7 +35,7 @@ from mesh.config import (
     MODEL_FORGET_S,
     Liveness,
 )
-from mesh.transport import waiting
+from mesh.transport import send_frames, waiting
 from proto_msgs import (
     BatchError,
     BatchResult,
@@ -165,16 +165,16 @@ class Broker:
             self._send_front(identity, RequestError(exc.cid, ErrorCode.PROTOCOL, exc.reason))
 
     def _send_front(self, identity: bytes, msg: Message) -> None:
-        self.front.send_multipart([identity, *encode(msg)], copy=False)
+        send_frames(self.front, [identity, *encode(msg)])
 
     def _send_back(self, identity: bytes, msg: Message) -> None:
-        self.back.send_multipart([identity, *encode(msg)], copy=False)
+        send_frames(self.back, [identity, *encode(msg)])
 
     def _tick(self, now: float) -> None:
         """Once per heartbeat interval: beat to workers, bury the silent and the hung."""
         beat = encode(Heartbeat(progress=0, busy=False))
         for identity in self.registry.workers:
-            self.back.send_multipart([identity, *beat])
+            send_frames(self.back, [identity, *beat])
         for worker in self.registry.silent(now):
             self._bury(worker.identity, f"silent for {now - worker.last_heard:.1f}s", now)
         for batch in self.inflight.overdue(now):
@@ -322,7 +322,7 @@ class Broker:
             batch.batch_id, worker.model.name, formed.slices, self.opts.batch_timeout_s
         )
         worker.free -= 1
-        self.back.send_multipart([worker.identity, *encode(batch.plan.message)], copy=False)
+        send_frames(self.back, [worker.identity, *encode(batch.plan.message)])
         batch.sent_at = time.perf_counter()
 
     # ---- backend ------------------------------------------------------------------------------

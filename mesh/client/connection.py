@@ -23,7 +23,7 @@ import zmq.asyncio
 
 from mesh.config import Liveness
 from mesh.errors import MeshError, ProtocolViolation, Unavailable, error_from_code
-from mesh.transport import waiting
+from mesh.transport import NOBLOCK, send_frames, waiting
 from proto_msgs import (
     BrokerStats,
     CancelRequest,
@@ -228,7 +228,7 @@ class BrokerConnection:
         try:
             # DEALER send never blocks here unless the HWM is hit; NOBLOCK turns that into
             # an immediate Unavailable instead of an unbounded wait.
-            self._sock.send_multipart(encode(msg), flags=zmq.NOBLOCK, copy=False)
+            send_frames(self._sock, encode(msg), NOBLOCK)
         except zmq.Again as exc:
             raise Unavailable(f"broker {self.endpoint} is not accepting messages") from exc
         finally:

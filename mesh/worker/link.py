@@ -22,7 +22,7 @@ from typing import Any
 import zmq
 
 from mesh.config import RECONNECT_BACKOFF_MAX_S, RECONNECT_BACKOFF_MIN_S, Liveness
-from mesh.transport import waiting
+from mesh.transport import send_frames, waiting
 from proto_msgs import (
     BatchAssign,
     Disconnect,
@@ -110,7 +110,7 @@ class BrokerLink:
             self._connect(sock, self.endpoint)
         else:
             sock.connect(self.endpoint)
-        sock.send_multipart(encode(self.ready), copy=False)
+        send_frames(sock, encode(self.ready))
         return sock
 
     def _run(self) -> None:
@@ -160,7 +160,7 @@ class BrokerLink:
                 self._forward_results(sock, epoch)
             if now >= next_beat:
                 beat = Heartbeat(progress=self.progress, busy=self.busy)
-                sock.send_multipart(encode(beat))
+                send_frames(sock, encode(beat))
                 next_beat = now + interval
             if now - last_heard > self.liveness.expiry_s:
                 return heard_any
@@ -168,7 +168,7 @@ class BrokerLink:
             # Replies the compute side finished while we were stopping go out first: the
             # broker would otherwise requeue that work and another worker redo it.
             self._forward_results(sock, epoch)
-            sock.send_multipart(encode(Disconnect(reason="worker shutting down")))
+            send_frames(sock, encode(Disconnect(reason="worker shutting down")))
         return heard_any
 
     def _forward_results(self, sock: zmq.Socket, epoch: int) -> None:
@@ -176,7 +176,7 @@ class BrokerLink:
             # First frame is the epoch the batch came in on: results of an old session go
             # nowhere (the broker already gave that work to someone else).
             if int(tagged[0].bytes) == epoch:
-                sock.send_multipart(tagged[1:], copy=False)
+                send_frames(sock, tagged[1:])
 
     def _enqueue(self, item: Incoming, _reply: Reply) -> None:
         self.batches.put(item)
@@ -195,7 +195,7 @@ class BrokerLink:
         if isinstance(msg, BatchAssign):
             self._accept(
                 Incoming(epoch=epoch, batch=msg, received_at=received_at),
-                lambda frames: sock.send_multipart(frames, copy=False),
+                lambda frames: send_frames(sock, frames),
             )
         elif isinstance(msg, Disconnect):
             log.warning("broker asked us to reconnect: %s", msg.reason)

@@ -34,6 +34,7 @@ import zmq
 
 from mesh.config import WORKER_WATCHDOG_S, Liveness
 from mesh.env_knobs import float_from_env
+from mesh.transport import send_frames
 from mesh.worker.link import BrokerLink, Incoming, Reply
 from mesh.worker.live_gate import LiveGate, live_gate_ms_from_env
 from mesh.worker.live_lane import LiveLane
@@ -427,7 +428,7 @@ class WorkerServer:
     def _hand_to_link(sender: zmq.Socket, item: Incoming, frames: list[Any]) -> None:
         """A reply from a thread other than the link's (finisher, lane) to the link's socket."""
         try:
-            sender.send_multipart([str(item.epoch).encode(), *frames], copy=False)
+            send_frames(sender, [str(item.epoch).encode(), *frames])
         except zmq.ZMQError:  # lost reply: the broker's batch deadline requeues it
             log.exception("could not hand batch %d's reply to the link", item.batch.batch_id)
 

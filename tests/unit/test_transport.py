@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import stat
 
+import numpy as np
 import pytest
 import zmq
 
@@ -175,3 +176,39 @@ def test_curve_auth_refuses_an_empty_allow_list_and_a_second_handler(ctx, tmp_pa
     finally:
         auth.stop()
     assert not CurveAuth.running_for(ctx)
+
+
+def _pair(ctx: zmq.Context) -> tuple[zmq.Socket, zmq.Socket]:
+    rx = ctx.socket(zmq.PULL)
+    rx.bind("inproc://frames")
+    tx = ctx.socket(zmq.PUSH)
+    tx.connect("inproc://frames")
+    return tx, rx
+
+
+def test_send_frames_puts_the_frames_send_multipart_would_on_the_wire(ctx):
+    tx, rx = _pair(ctx)
+    frames = [b"id", b"", memoryview(b"body"), np.arange(3, dtype=np.int32), b"x" * 70_000]
+    transport.send_frames(tx, frames)
+    tx.send_multipart(frames, copy=False)
+    mine, theirs = rx.recv_multipart(), rx.recv_multipart()
+    assert mine == theirs == [bytes(memoryview(f)) for f in frames]
+
+
+def test_send_frames_refuses_a_frame_without_a_buffer_before_sending_any(ctx):
+    tx, rx = _pair(ctx)
+    with pytest.raises(TypeError, match="Frame 1"):
+        transport.send_frames(tx, [b"first", "not bytes"])
+    transport.send_frames(tx, [b"next"])
+    assert rx.recv_multipart() == [b"next"]  # no half message joined to it
+
+
+def test_waiting_reads_each_waiting_message_whole_then_stops(ctx):
+    tx, rx = _pair(ctx)
+    tx.send_multipart([b"a", b"b", b"c"])
+    tx.send_multipart([b"d"])
+    while not rx.poll(1000):
+        pass
+    got = [[f.bytes for f in frames] for frames in transport.waiting(rx)]
+    assert got == [[b"a", b"b", b"c"], [b"d"]]
+    assert list(transport.waiting(rx)) == []

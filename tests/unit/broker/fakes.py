@@ -31,26 +31,37 @@ class FakeRouter:
     """Stands in for a ROUTER: ``inbox`` is what peers sent, ``sent`` what the broker sent."""
 
     def __init__(self) -> None:
-        self.inbox: deque[list[Any]] = deque()
+        self.inbox: deque[deque[zmq.Frame]] = deque()
         self.sent: list[tuple[bytes, Message]] = []
+        self._sending: list[bytes] = []  # frames of a message sent in part (zmq.SNDMORE)
 
     def get(self, option: int) -> int:
         """``zmq.EVENTS``: readable while peers' messages wait."""
         assert option == zmq.EVENTS
         return zmq.POLLIN if self.inbox else 0
 
-    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[Any]:
+    def recv(self, flags: int = 0, copy: bool = True) -> zmq.Frame:
+        """The next frame of the waiting messages, its ``more`` set as zmq sets it."""
         if not self.inbox:
             raise zmq.Again()
-        return self.inbox.popleft()
+        message = self.inbox[0]
+        frame = message.popleft()
+        frame.more = bool(message)
+        if not message:
+            self.inbox.popleft()
+        return frame
 
-    def send_multipart(self, frames: list[Any], copy: bool = True) -> None:
-        identity, *rest = frames
-        self.sent.append((bytes(identity), decode([bytes(memoryview(f)) for f in rest])))
+    def send(self, data: Any, flags: int = 0, copy: bool = True) -> None:
+        """One frame; the message is complete at the first without ``zmq.SNDMORE``."""
+        self._sending.append(bytes(memoryview(data)))
+        if not flags & zmq.SNDMORE:
+            identity, *rest = self._sending
+            self._sending = []
+            self.sent.append((identity, decode(rest)))
 
     def push(self, identity: bytes, msg: Message | list[bytes]) -> None:
         frames = msg if isinstance(msg, list) else encode(msg)
-        self.inbox.append([zmq.Frame(identity), *(zmq.Frame(bytes(f)) for f in frames)])
+        self.inbox.append(deque([zmq.Frame(identity), *(zmq.Frame(bytes(f)) for f in frames)]))
 
     def take(self, kind: type | None = None) -> list[tuple[bytes, Any]]:
         """What was sent since the last take (of ``kind`` only, when given)."""
