@@ -15,6 +15,7 @@ OUTPUT_KINDS: tuple[str, ...] = ("float32", "float16", "int8", "binary", "sparse
 # Big-endian bit weights, so that bit 0 of a vector lands in the MSB of byte 0, as
 # numpy.packbits does by default.
 _BIT_WEIGHTS = (1 << torch.arange(7, -1, -1)).to(torch.uint8)
+_NORM_EPS = 1e-12  # torch.nn.functional.normalize's default eps: a zero vector stays zero
 
 
 def finalize(
@@ -71,9 +72,13 @@ def finalize_tensor(
         raise ValueError(f"unknown output kind {kind!r}; one of {OUTPUT_KINDS}")
     if kind == "sparse":
         return sparse_rows(pooled, top_k, threshold)
-    x = pooled[:, : dims or full].float()
+    # A slice only when it cuts: indexing a tensor costs ~3.5 µs of dispatch on the 2-core
+    # VM, for an idle query's every output group.
+    x = (pooled if dims is None or dims == full else pooled[:, :dims]).float()
     if normalize:
-        x = torch.nn.functional.normalize(x, p=2.0, dim=1)
+        # F.normalize's own math (vector_norm, clamp at eps, divide), bit for bit, without its
+        # three Python wrappers and the expand: 10 µs against 24 for a [1, 384] query.
+        x = x / torch.linalg.vector_norm(x, 2.0, 1, True).clamp_min_(_NORM_EPS)
     if kind == "float32":
         out = x
     elif kind == "float16":

@@ -29,6 +29,16 @@ def test_truncation_keeps_the_first_dims_and_renormalizes(pooled: torch.Tensor) 
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("dims", [None, 48, 16])
+def test_normalization_is_torch_normalize_bit_for_bit(
+    pooled: torch.Tensor, dims: int | None
+) -> None:
+    rows = torch.cat([pooled, torch.zeros(1, 48)])  # a zero vector stays zero
+    out = finalize(rows, dims, True, "float32")
+    expected = torch.nn.functional.normalize(rows[:, : dims or 48], p=2.0, dim=1)
+    np.testing.assert_array_equal(out, expected.numpy())
+
+
 def test_truncation_without_normalization_only_cuts(pooled: torch.Tensor) -> None:
     out = finalize(pooled, 7, False, "float32")
     np.testing.assert_array_equal(out, pooled[:, :7].numpy())
