@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -101,9 +102,30 @@ def run_worker(backend: str, args: argparse.Namespace) -> None:
     options = WorkerOptions("null", 2, args.budget, 4096, args.device, inline_max_ms=inline)
     ctx = zmq.Context()
     server = WorkerServer(ctx, engine, info, tokenizer, backend, options, Liveness())  # type: ignore[arg-type]
+    if os.environ.get("WORKER_PROFILE"):  # cProfile of the link thread (the inline path)
+        profile_link(server, os.environ["WORKER_PROFILE"])
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     server.run()
     print("worker:", server.stats.summary(), file=sys.stderr)
+
+
+def profile_link(server: object, out: str) -> None:
+    """Run the worker's link thread under cProfile, its stats written to ``out`` as it ends."""
+    import cProfile
+
+    link = server.link  # type: ignore[attr-defined]
+    run = link._run
+
+    def profiled() -> None:
+        profile = cProfile.Profile()
+        profile.enable()
+        try:
+            run()
+        finally:
+            profile.disable()
+            profile.dump_stats(out)
+
+    link._thread = threading.Thread(target=profiled, name="broker-link", daemon=True)
 
 
 def random_ids(lengths: np.ndarray) -> list[np.ndarray]:
