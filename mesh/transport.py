@@ -138,13 +138,18 @@ def send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None
     send(frames[last], flags, copy=False)
 
 
+def readable(sock: zmq.Socket) -> bool:
+    """Whether ``sock`` holds a message now (``zmq.EVENTS``), at plain-int options."""
+    return bool(sock.get(_EVENTS) & _POLLIN)
+
+
 def waiting(sock: zmq.Socket, limit: int | None = None) -> Iterator[list[zmq.Frame]]:
     """The messages ``sock`` holds now (at most ``limit``), read without blocking, as
     zero-copy frames. ``zmq.EVENTS`` is asked before each read: ending on a raised
     ``zmq.Again`` cost ~15 µs a wake-up (its ``__init__`` imports and formats), which the
     broker and the worker link each paid twice per idle query."""
     count = 0
-    while (limit is None or count < limit) and sock.get(_EVENTS) & _POLLIN:
+    while (limit is None or count < limit) and readable(sock):
         try:
             frame = sock.recv(NOBLOCK, copy=False)
             frames = [frame]

@@ -23,7 +23,7 @@ import zmq.asyncio
 
 from mesh.config import Liveness
 from mesh.errors import MeshError, ProtocolViolation, Unavailable, error_from_code
-from mesh.transport import NOBLOCK, send_frames, waiting
+from mesh.transport import NOBLOCK, readable, send_frames, waiting
 from proto_msgs import (
     BrokerStats,
     CancelRequest,
@@ -48,6 +48,7 @@ log = logging.getLogger("embedmesh.client")
 # Messages one wake-up of the reader handles before it yields the loop (and runs again next
 # iteration): a flood of result chunks cannot stall the tasks that wait for them.
 READ_BATCH = 256
+_SMALL = 32  # a chunk of at most this many indices is checked in Python, not numpy
 
 
 @dataclass
@@ -85,6 +86,15 @@ class _Pending:
 
     def add(self, chunk: RequestResult) -> bool:
         """Store a chunk; True once every sequence has arrived."""
+        if self.out is None and self._whole(chunk):
+            # The usual answer, an idle query's every time: one chunk of every sequence in
+            # order. A copy (the frame's buffer is read-only) instead of the range checks and
+            # scatters below: 5 µs against 18 for one row on the 2-core VM.
+            self.out = np.array(chunk.embeddings)
+            self.received = np.ones(self.n, dtype=bool)
+            self.count = self.n
+            self._note(chunk)
+            return True
         idx = chunk.indices.astype(np.int64)
         if len(idx) and (idx.min() < 0 or idx.max() >= self.n):
             raise ProtocolError("result index out of range")
@@ -104,13 +114,28 @@ class _Pending:
         self.received[idx[fresh]] = True
         self.count += int(fresh.sum())
         if fresh.all():
-            self.prompt_tokens += chunk.prompt_tokens
-            self.queue_ms = max(self.queue_ms, chunk.queue_ms)
-            self.compute_ms += chunk.compute_ms
-            for name, ms in chunk.timings.items():
-                if ms > self.timings.get(name, -1.0):
-                    self.timings[name] = ms
+            self._note(chunk)
         return self.count == self.n
+
+    def _whole(self, chunk: RequestResult) -> bool:
+        """Whether ``chunk`` holds every sequence, in order, one row each."""
+        if self.span_offsets is not None or chunk.row_offsets is not None:
+            return False
+        indices, n = chunk.indices, self.n
+        if len(indices) != n:
+            return False
+        if n <= _SMALL:  # numpy's fixed cost per call is the larger one for a few entries
+            return bool(indices.tolist() == list(range(n)))
+        return bool((indices == np.arange(n)).all())
+
+    def _note(self, chunk: RequestResult) -> None:
+        """Count a chunk's tokens and times, once per chunk that brought new sequences."""
+        self.prompt_tokens += chunk.prompt_tokens
+        self.queue_ms = max(self.queue_ms, chunk.queue_ms)
+        self.compute_ms += chunk.compute_ms
+        for name, ms in chunk.timings.items():
+            if ms > self.timings.get(name, -1.0):
+                self.timings[name] = ms
 
     def _add_span_rows(self, chunk: RequestResult, idx: np.ndarray, fresh: np.ndarray) -> None:
         """A span request's chunk: each sequence's rows land where its spans say."""
@@ -300,7 +325,7 @@ class BrokerConnection:
         if sock is None or sock.closed or self._loop is None:
             return
         with contextlib.suppress(zmq.ZMQError):
-            if sock.get(zmq.EVENTS) & zmq.POLLIN:
+            if readable(sock):
                 self._loop.call_soon(self._on_readable)
 
     def _on_readable(self) -> None:

@@ -54,6 +54,23 @@ async def test_a_duplicate_chunk_adds_neither_rows_nor_timings() -> None:
     assert result.timings["worker_compute"] == 2.0 and result.prompt_tokens == 6
 
 
+@pytest.mark.parametrize("n", [1, 3, 40])
+async def test_one_chunk_of_every_sequence_in_order_is_the_answer_copied(n: int) -> None:
+    pending = _Pending(future=asyncio.get_running_loop().create_future(), n=n, tokens=n)
+    whole = decode(encode(chunk(list(range(n)), {"worker_compute": 1.0}, tokens=n)))
+    assert pending.add(whole)
+    result = pending.result()
+    assert result.embeddings[:, 0].tolist() == list(range(n)) and result.prompt_tokens == n
+    assert result.embeddings.flags.writeable and result.embeddings.flags.c_contiguous
+    assert result.timings["worker_compute"] == 1.0 and pending.received.all()
+
+
+async def test_every_sequence_out_of_order_still_lands_by_index() -> None:
+    pending = _Pending(future=asyncio.get_running_loop().create_future(), n=3, tokens=9)
+    assert pending.add(chunk([2, 0, 1], {}))
+    assert pending.result().embeddings[:, 0].tolist() == [0.0, 1.0, 2.0]
+
+
 class _Linked:
     """A BrokerConnection alive against a fake broker (a plain ROUTER this test drives)."""
 
