@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mesh.broker.trust import SMALL, submit_problem
 from proto_msgs import BatchAssign, BatchError, ErrorCode, RequestError, RequestResult
-from tests.unit.broker.fakes import DIMS, Harness, answer, submit
+from tests.unit.broker.fakes import DIMS, Harness, answer, card, submit
 
 
 @pytest.mark.parametrize(
@@ -108,3 +109,23 @@ def test_isolation_keeps_the_attempt_cap():
     fail(h, mixed)
     codes = sorted((m.cid, m.code) for _, m in h.front.take(RequestError))
     assert codes == [(2, ErrorCode.WORKER_FAILED), (3, ErrorCode.WORKER_FAILED)]
+
+
+@pytest.mark.parametrize("n", [2, SMALL, SMALL + 1])
+def test_the_card_checks_read_few_and_many_entries_alike(n):
+    """Short arrays are reduced in Python, long ones in numpy: the same answers."""
+    info = card()  # a vocabulary of 100, at most 16 tokens
+    fine = submit(1, [1] * n)
+    assert submit_problem(fine, info, fine.offsets[1:] - fine.offsets[:-1]) is None
+    outside = submit(1, [1] * n, token=99)
+    outside.token_ids[-1] = 100
+    lengths = outside.offsets[1:] - outside.offsets[:-1]
+    assert "token id 100 is outside" in (submit_problem(outside, info, lengths) or "")
+    long = submit(1, [1] * (n - 1) + [17])
+    lengths = long.offsets[1:] - long.offsets[:-1]
+    assert "a sequence of 17 tokens" in (submit_problem(long, info, lengths) or "")
+    skipped = submit(1, [2] * (n - 1) + [1])
+    skipped.output.pool_skip = 1
+    lengths = skipped.offsets[1:] - skipped.offsets[:-1]
+    problem = submit_problem(skipped, card(include_prompt=False), lengths) or ""
+    assert "leaves no token" in problem
