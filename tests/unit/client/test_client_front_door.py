@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mesh.client import MeshClient
+from mesh.client.request import SMALL
 from mesh.errors import InvalidInput, ModelNotFound, Overloaded, Unavailable
 from proto_msgs import BrokerStats, Lane, ModelInfo
 
@@ -44,6 +45,25 @@ def test_bad_ids_and_options_are_refused_before_anything_is_sent(client: MeshCli
         client.prepare_tokens(ids, offsets, "tiny")
     with pytest.raises(InvalidInput, match="between 1 and 8"):
         client.prepare_tokens(np.array([1]), np.array([0, 1]), "tiny", dims=9)
+
+
+@pytest.mark.parametrize("n", [2, SMALL, SMALL + 1])
+def test_token_checks_read_few_and_many_sequences_alike(client: MeshClient, n: int) -> None:
+    """Short arrays are reduced in Python, long ones in numpy: the same answers."""
+    offsets = np.arange(n + 1)
+    for bad, says in ((-1, "token id -1 is outside"), (100, "token id 100 is outside")):
+        ids = np.ones(n, dtype=np.int64)
+        ids[-1] = bad
+        with pytest.raises(InvalidInput, match=says):
+            client.prepare_tokens(ids, offsets, "tiny")
+    empty = np.concatenate([offsets[:-1], offsets[-2:-1]])  # the last sequence holds nothing
+    with pytest.raises(InvalidInput, match=rf"input\[{n - 1}\] is empty"):
+        client.prepare_tokens(np.ones(n - 1, dtype=np.int64), empty, "tiny")
+    long = np.append(offsets, n + 5)  # a last sequence of 5 tokens, over the limit of 4
+    with pytest.raises(InvalidInput, match=rf"input\[{n}\] has 5 tokens"):
+        client.prepare_tokens(np.ones(n + 5, dtype=np.int64), long, "tiny")
+    cut = client.prepare_tokens(np.ones(n + 5, dtype=np.int64), long, "tiny", truncate=True)
+    assert cut.lengths.tolist() == [1] * n + [4]
 
 
 def test_a_model_that_lost_its_workers_is_unavailable_and_an_unknown_one_not_found(
