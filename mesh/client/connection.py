@@ -129,7 +129,7 @@ class _Pending:
         return bool((indices == np.arange(n)).all())
 
     def _note(self, chunk: RequestResult) -> None:
-        """Count a chunk's tokens and times, once per chunk that brought new sequences."""
+        """Count a chunk's tokens and times: only a chunk whose every sequence is new."""
         self.prompt_tokens += chunk.prompt_tokens
         self.queue_ms = max(self.queue_ms, chunk.queue_ms)
         self.compute_ms += chunk.compute_ms

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import stat
+import time
 
 import numpy as np
 import pytest
@@ -201,6 +202,15 @@ def test_send_frames_refuses_a_frame_without_a_buffer_before_sending_any(ctx):
         transport.send_frames(tx, [b"first", "not bytes"])
     transport.send_frames(tx, [b"next"])
     assert rx.recv_multipart() == [b"next"]  # no half message joined to it
+
+
+def test_send_frames_at_noblock_refuses_at_once_when_no_peer_takes_the_message(ctx):
+    tx = ctx.socket(zmq.PUSH)  # no peer: a blocking send would wait
+    tx.sndtimeo = 2000  # a send that lost NOBLOCK fails the timing below instead of hanging
+    started = time.monotonic()
+    with pytest.raises(zmq.Again):
+        transport.send_frames(tx, [b"a", b"b"], transport.NOBLOCK)
+    assert time.monotonic() - started < 1.0
 
 
 def test_waiting_reads_each_waiting_message_whole_then_stops(ctx):

@@ -65,6 +65,15 @@ async def test_one_chunk_of_every_sequence_in_order_is_the_answer_copied(n: int)
     assert result.timings["worker_compute"] == 1.0 and pending.received.all()
 
 
+async def test_a_whole_chunk_after_part_of_the_answer_keeps_the_rows_already_there() -> None:
+    pending = _Pending(future=asyncio.get_running_loop().create_future(), n=2, tokens=6)
+    assert not pending.add(chunk([0], {}))
+    late = chunk([0, 1], {})  # a requeued batch, answered again in another cut
+    late.embeddings = late.embeddings + 10.0
+    assert pending.add(late)
+    assert pending.result().embeddings[:, 0].tolist() == [0.0, 11.0]
+
+
 async def test_every_sequence_out_of_order_still_lands_by_index() -> None:
     pending = _Pending(future=asyncio.get_running_loop().create_future(), n=3, tokens=9)
     assert pending.add(chunk([2, 0, 1], {}))

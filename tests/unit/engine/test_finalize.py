@@ -29,13 +29,16 @@ def test_truncation_keeps_the_first_dims_and_renormalizes(pooled: torch.Tensor) 
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("dims", [None, 48, 16])
 def test_normalization_is_torch_normalize_bit_for_bit(
-    pooled: torch.Tensor, dims: int | None
+    pooled: torch.Tensor, dims: int | None, dtype: torch.dtype
 ) -> None:
-    rows = torch.cat([pooled, torch.zeros(1, 48)])  # a zero vector stays zero
+    # A zero vector stays zero; one whose norm is under F.normalize's eps is divided by the
+    # eps, so only the same eps gives the same bits.
+    rows = torch.cat([pooled, torch.zeros(1, 48), torch.full((1, 48), 1e-15)]).to(dtype)
     out = finalize(rows, dims, True, "float32")
-    expected = torch.nn.functional.normalize(rows[:, : dims or 48], p=2.0, dim=1)
+    expected = torch.nn.functional.normalize(rows.float()[:, : dims or 48], p=2.0, dim=1)
     np.testing.assert_array_equal(out, expected.numpy())
 
 
