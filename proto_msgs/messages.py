@@ -36,6 +36,7 @@ import numpy as np
 from proto_msgs import limits
 from proto_msgs.codec import Message, register
 from proto_msgs.errors import ErrorCode, ProtocolError
+from proto_msgs.small_arrays import SMALL, bounds, least
 
 # Output kinds a worker can produce; the dtype each travels as.
 OUTPUT_KINDS: dict[str, str] = {
@@ -227,30 +228,9 @@ class BrokerStats:
     drain_rate: dict[str, float] = field(default_factory=dict)  # tokens/s of its workers
 
 
-# Arrays of at most this many entries are checked in Python over ``.tolist()``: a numpy
-# reduction costs 2-3 µs whatever the size, most of an idle query's decode when every array
-# holds a handful of entries; past it, numpy's fixed cost is the cheaper one.
-_SMALL = 32
-
-
-def _bounds(values: np.ndarray) -> tuple[int, int]:
-    """Smallest and largest entry of a non-empty 1-D integer array, as Python ints."""
-    if len(values) <= _SMALL:
-        items = values.tolist()
-        return min(items), max(items)
-    return int(np.minimum.reduce(values)), int(np.maximum.reduce(values))
-
-
-def _least(values: np.ndarray) -> int:
-    """Smallest entry of a non-empty 1-D integer array, as a Python int."""
-    if len(values) <= _SMALL:
-        return min(values.tolist())
-    return int(np.minimum.reduce(values))
-
-
 def _rises(values: np.ndarray, last: int) -> bool:
     """Whether a non-empty 1-D integer array starts at 0, ends at ``last`` and rises strictly."""
-    if len(values) <= _SMALL:
+    if len(values) <= SMALL:
         items = values.tolist()
         return items[0] == 0 and items[-1] == last and all(map(operator.lt, items, items[1:]))
     # A comparison, not np.diff: int32 differences wrap around and would let falling values
@@ -267,7 +247,7 @@ def _check_ragged(token_ids: np.ndarray, offsets: np.ndarray, where: str) -> Non
         raise ProtocolError(f"{where}: too many sequences or tokens")
     if not _rises(offsets, len(token_ids)):
         raise ProtocolError(f"{where}: offsets must start at 0, end at len(token_ids), rise")
-    if len(token_ids) and _least(token_ids) < 0:
+    if len(token_ids) and least(token_ids) < 0:
         raise ProtocolError(f"{where}: negative token id")
 
 
@@ -318,7 +298,7 @@ def _check_pairs(starts: np.ndarray | None, offsets: np.ndarray, where: str) -> 
     n = len(offsets) - 1
     if starts.dtype != np.int32 or starts.shape != (n,):
         raise ProtocolError(f"{where}: segment_b_start must be int32 [n]")
-    if n <= _SMALL:
+    if n <= SMALL:
         ends = offsets.tolist()  # rising from 0 (checked before): no difference wraps
         per_seq = zip(starts.tolist(), ends[:-1], ends[1:], strict=True)
         outside = any(not 0 <= s < b - a for s, a, b in per_seq)
@@ -406,7 +386,7 @@ class RequestResult(Message):
             raise ProtocolError("RequestResult: bad shapes")
         # The ingress indexes its output with these: a float or negative index would crash it
         # or silently put a vector in the wrong place.
-        if self.indices.dtype != np.int32 or (len(self.indices) and _least(self.indices) < 0):
+        if self.indices.dtype != np.int32 or (len(self.indices) and least(self.indices) < 0):
             raise ProtocolError("RequestResult: indices must be non-negative int32")
         rows = self.row_offsets
         if rows is None:
@@ -568,7 +548,7 @@ class BatchAssign(Message):
             opt.check("BatchAssign")
         if self.output_index.dtype != np.int32 or self.output_index.shape != (self.n,):
             raise ProtocolError("BatchAssign: output_index must be int32 [n]")
-        least, most = _bounds(self.output_index)  # n >= 1: there is an output group
+        least, most = bounds(self.output_index)  # n >= 1: there is an output group
         if least < 0 or most >= len(self.outputs):
             raise ProtocolError("BatchAssign: output_index out of range")
         groups = [opt.rows in SPAN_ROWS for opt in self.outputs]

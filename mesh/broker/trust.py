@@ -11,11 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from proto_msgs import ModelInfo, SubmitRequest
+from proto_msgs.small_arrays import least, most
 
-# Arrays of at most this many entries are reduced in Python over ``.tolist()``: a numpy
-# reduction costs ~2.7 µs whatever the size, most of this check for a query of a few texts
-# (tolist + max: 0.6 µs at 16 entries, 1.9 at 64, the break-even, on the 2-core VM).
-SMALL = 64
 WARNED_PEERS_MAX = 4096  # peers remembered as already warned about; older ones may warn again
 
 # What a model's card promises its clients; two workers serving one name must agree on all of it
@@ -62,29 +59,19 @@ def submit_problem(msg: SubmitRequest, info: ModelInfo, lengths: np.ndarray) -> 
     skip = msg.output.pool_skip
     if skip and info.include_prompt:
         return "pool_skip is for models whose pooling leaves the prompt out; this one pools it"
-    if skip and _least(lengths) <= skip:
+    if skip and least(lengths) <= skip:
         return f"pool_skip {skip} leaves no token of a sequence to pool"
-    longest = _most(lengths)
+    longest = most(lengths)
     if longest > info.max_input_tokens:
         return (
             f"a sequence of {longest} tokens is over the model's limit of "
             f"{info.max_input_tokens}; shorten or truncate it"
         )
     # One pass over the ids; len >= 1 because every sequence holds a token.
-    highest = _most(msg.token_ids)
+    highest = most(msg.token_ids)
     if highest >= info.vocab_size:
         return f"token id {highest} is outside the vocabulary (ids must be below {info.vocab_size})"
     return None
-
-
-def _most(values: np.ndarray) -> int:
-    """The largest entry of a non-empty 1-D integer array, as a Python int."""
-    return max(values.tolist()) if len(values) <= SMALL else int(values.max())
-
-
-def _least(values: np.ndarray) -> int:
-    """The smallest entry of a non-empty 1-D integer array, as a Python int."""
-    return min(values.tolist()) if len(values) <= SMALL else int(values.min())
 
 
 def card_differences(served: ModelInfo, offered: ModelInfo) -> list[str]:

@@ -21,6 +21,7 @@ import numpy as np
 from mesh.config import SPARSE_TOP_K, SPARSE_TOP_K_MAX
 from mesh.errors import InvalidInput
 from proto_msgs import OUTPUT_KINDS, Lane, ModelInfo, OutputOptions
+from proto_msgs.small_arrays import least, most
 
 # Requests of more tokens than this go to the broker's BATCH lane, smaller ones to INTERACTIVE,
 # unless the caller chose. 1024 tokens is a handful of passages or dozens of queries: an eighth
@@ -30,10 +31,6 @@ INTERACTIVE_MAX_TOKENS = 1024
 # Before tokenizing, the lane of a text request is guessed from its characters (for the
 # tokenizer's own priority): English averages about 4 characters per WordPiece/BPE token.
 CHARS_PER_TOKEN_GUESS = 4
-# Arrays of at most this many entries are reduced in Python over ``.tolist()``: a numpy
-# reduction costs ~2.7 µs whatever the size (tolist + max: 0.6 µs at 16 entries, 1.9 at 64, the
-# break-even, on the 2-core VM); a query's ids and lengths are a handful.
-SMALL = 64
 
 
 @dataclass(frozen=True)
@@ -223,7 +220,7 @@ def valid_tokens(
     if int(offsets[0]) != 0 or int(offsets[-1]) != len(raw):
         raise InvalidInput("offsets must start at 0 and end at the number of tokens", param="input")
     # In the caller's width, before the int32 cast could wrap 2**32 + 5 into the vocabulary.
-    if raw.size and not 0 <= _least(raw) <= _most(raw) < model.vocab_size:
+    if raw.size and not 0 <= least(raw) <= most(raw) < model.vocab_size:
         bad = int(np.flatnonzero((raw < 0) | (raw >= model.vocab_size))[0])
         raise InvalidInput(
             f"token id {int(raw[bad])} is outside the vocabulary of {model.name!r} "
@@ -232,28 +229,18 @@ def valid_tokens(
         )
     wide = offsets.astype(np.int64)
     lengths = wide[1:] - wide[:-1]  # np.diff's own overhead is 3x this subtraction's
-    if _least(lengths) < 1:
+    if least(lengths) < 1:
         raise InvalidInput(f"input[{int(np.argmin(lengths))}] is empty", param="input")
     ids = np.ascontiguousarray(raw, dtype=np.int32)
     offsets = np.ascontiguousarray(offsets, dtype=np.int32)
     limit = model.max_input_tokens
-    if _most(lengths) > limit:
+    if most(lengths) > limit:
         if not truncate:
             i = int(np.argmax(lengths > limit))
             raise InvalidInput(over_limit_message(i, model, int(lengths[i])), param="input")
         ids, offsets, lengths = truncate_tokens(ids, offsets, lengths, limit)
     lengths = lengths.astype(np.int32)
     return ValidRequest(model, ids, offsets, lengths, output, lane_for(len(ids), lane))
-
-
-def _most(values: np.ndarray) -> int:
-    """The largest entry of a non-empty 1-D integer array, as a Python int."""
-    return max(values.tolist()) if len(values) <= SMALL else int(values.max())
-
-
-def _least(values: np.ndarray) -> int:
-    """The smallest entry of a non-empty 1-D integer array, as a Python int."""
-    return min(values.tolist()) if len(values) <= SMALL else int(values.min())
 
 
 def valid_tokenized(

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mesh.broker.trust import SMALL, submit_problem
+from mesh.broker.trust import submit_problem
 from proto_msgs import BatchAssign, BatchError, ErrorCode, RequestError, RequestResult
+from proto_msgs.small_arrays import SMALL
 from tests.unit.broker.fakes import DIMS, Harness, answer, card, submit
 
 

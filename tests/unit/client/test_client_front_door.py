@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from mesh.client import MeshClient
-from mesh.client.request import SMALL
 from mesh.errors import InvalidInput, ModelNotFound, Overloaded, Unavailable
 from proto_msgs import BrokerStats, Lane, ModelInfo
+from proto_msgs.small_arrays import SMALL
 
 MODEL = ModelInfo(
     name="tiny", aliases=["org/tiny"], dims=8, max_input_tokens=4, vocab_size=100,

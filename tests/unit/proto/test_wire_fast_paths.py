@@ -1,6 +1,6 @@
 """The decode's shortcuts refuse what the full checks refuse.
 
-``validate`` checks arrays of up to ``messages._SMALL`` entries in Python and larger ones with
+``validate`` checks arrays of up to ``SMALL`` entries in Python and larger ones with
 numpy; the body reader takes int, float, bool and short str values without calling their
 checker. Each case here is sent on both sides of the size cut, or through the shortcut's guard,
 and must meet the same ProtocolError.
@@ -21,11 +21,11 @@ from proto_msgs import (
     decode,
     encode,
     limits,
-    messages,
 )
+from proto_msgs.small_arrays import SMALL
 
 # One under, at and over the size cut, and well past it.
-SIZES = [1, 2, messages._SMALL - 1, messages._SMALL, messages._SMALL + 1, 3 * messages._SMALL]
+SIZES = [1, 2, SMALL - 1, SMALL, SMALL + 1, 3 * SMALL]
 
 
 def sequences(n: int) -> list[list[int]]:
