@@ -42,13 +42,13 @@ from proto_msgs import (
     decode,
     encode,
 )
+from proto_msgs.small_arrays import SMALL
 
 log = logging.getLogger("embedmesh.client")
 
 # Messages one wake-up of the reader handles before it yields the loop (and runs again next
 # iteration): a flood of result chunks cannot stall the tasks that wait for them.
 READ_BATCH = 256
-_SMALL = 32  # a chunk of at most this many indices is checked in Python, not numpy
 
 
 @dataclass
@@ -124,7 +124,7 @@ class _Pending:
         indices, n = chunk.indices, self.n
         if len(indices) != n:
             return False
-        if n <= _SMALL:  # numpy's fixed cost per call is the larger one for a few entries
+        if n <= SMALL:  # numpy's fixed cost per call is the larger one for a few entries
             return bool(indices.tolist() == list(range(n)))
         return bool((indices == np.arange(n)).all())
 

@@ -21,7 +21,7 @@ import numpy as np
 from mesh.config import SPARSE_TOP_K, SPARSE_TOP_K_MAX
 from mesh.errors import InvalidInput
 from proto_msgs import OUTPUT_KINDS, Lane, ModelInfo, OutputOptions
-from proto_msgs.small_arrays import least, most
+from proto_msgs.small_arrays import bounds
 
 # Requests of more tokens than this go to the broker's BATCH lane, smaller ones to INTERACTIVE,
 # unless the caller chose. 1024 tokens is a handful of passages or dozens of queries: an eighth
@@ -220,7 +220,8 @@ def valid_tokens(
     if int(offsets[0]) != 0 or int(offsets[-1]) != len(raw):
         raise InvalidInput("offsets must start at 0 and end at the number of tokens", param="input")
     # In the caller's width, before the int32 cast could wrap 2**32 + 5 into the vocabulary.
-    if raw.size and not 0 <= least(raw) <= most(raw) < model.vocab_size:
+    lowest, highest = bounds(raw) if raw.size else (0, 0)
+    if lowest < 0 or highest >= model.vocab_size:
         bad = int(np.flatnonzero((raw < 0) | (raw >= model.vocab_size))[0])
         raise InvalidInput(
             f"token id {int(raw[bad])} is outside the vocabulary of {model.name!r} "
@@ -229,12 +230,13 @@ def valid_tokens(
         )
     wide = offsets.astype(np.int64)
     lengths = wide[1:] - wide[:-1]  # np.diff's own overhead is 3x this subtraction's
-    if least(lengths) < 1:
+    shortest, longest = bounds(lengths)
+    if shortest < 1:
         raise InvalidInput(f"input[{int(np.argmin(lengths))}] is empty", param="input")
     ids = np.ascontiguousarray(raw, dtype=np.int32)
     offsets = np.ascontiguousarray(offsets, dtype=np.int32)
     limit = model.max_input_tokens
-    if most(lengths) > limit:
+    if longest > limit:
         if not truncate:
             i = int(np.argmax(lengths > limit))
             raise InvalidInput(over_limit_message(i, model, int(lengths[i])), param="input")
