@@ -25,32 +25,31 @@ def slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def anchors(page: Path) -> set[str]:
-    text = page.read_text()
-    fenced = fenced_lines(text)
-    return {slug(line.lstrip("#")) for line, inside in zip(text.splitlines(), fenced, strict=True)
-            if line.startswith("#") and not inside}  # fmt: skip
-
-
 def prose(text: str) -> str:
-    """``text`` without its fenced blocks (code is not a link)."""
+    """``text`` without its fenced blocks (code is not a link, nor a heading)."""
     kept = [line for line, inside in zip(text.splitlines(), fenced_lines(text), strict=True)
             if not inside]  # fmt: skip
     return "\n".join(kept)
 
 
+def anchors(page: Path) -> set[str]:
+    lines = prose(page.read_text()).splitlines()
+    return {slug(line.lstrip("#")) for line in lines if line.startswith("#")}
+
+
+def candidates(page: Path, target: str) -> list[Path]:
+    """Where ``target`` may point from ``page``: relative to the page, else to the repository."""
+    paths = [(base / target).resolve() for base in (page.parent, ROOT)]
+    return [path for path in paths if path.is_relative_to(ROOT)]
+
+
 def resolves(page: Path, target: str) -> Path | None:
-    """The file ``target`` names from ``page`` (relative to the page, else to the repository)."""
-    for base in (page.parent, ROOT):
-        path = (base / target).resolve()
-        if path.is_relative_to(ROOT) and path.exists():
-            return path
-    return None
+    """The file ``target`` names from ``page``, if it exists."""
+    return next((path for path in candidates(page, target) if path.exists()), None)
 
 
 def pending(page: Path, target: str) -> bool:
-    return any(str((base / target).resolve().relative_to(ROOT)) in PENDING
-               for base in (page.parent, ROOT) if (base / target).resolve().is_relative_to(ROOT))  # fmt: skip
+    return any(str(path.relative_to(ROOT)) in PENDING for path in candidates(page, target))
 
 
 def broken(page: Path, text: str | None = None) -> list[str]:
