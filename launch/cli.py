@@ -275,7 +275,7 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
     help="[ingress, all] Run the ingress processes this much nicer (lower OS priority) than "
     "the broker and workers, so that on a host whose cores the ingress tier saturates "
     "(bulk tokenization) the mesh's own hops still get a core at once. 0..19; 5 is a "
-    "reasonable value beside a GPU worker (docs/gpu.md).",
+    "reasonable value beside a GPU worker (docs/tuning.md).",
 )
 @click.option(
     "--request-timeout",

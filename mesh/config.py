@@ -23,7 +23,7 @@ MAX_ATTEMPTS = 3  # dispatches of one sequence before WORKER_FAILED; 2..5
 # A worker that holds batches and answers none for this long exits (code EXIT_HUNG), so that
 # its supervisor (mesh-launch, systemd) starts a fresh one: a device that deadlocked leaves its
 # threads in a synchronize for good, the GPU held, and the broker can only stop sending to it
-# (docs/gpu.md: the live lane's stall). Longer than HANG_S and than a first batch that waits
+# (CHANGELOG.md: the live lane's stall). Longer than HANG_S and than a first batch that waits
 # for FlashInfer's JIT (~40 s a head_dim); 0 turns it off; 60..600.
 WORKER_WATCHDOG_S = 120.0
 AGING_S = 1.0  # a batch-lane head older than this goes before interactive work; 0.2..10
@@ -49,7 +49,7 @@ MODEL_FORGET_S = 600.0
 # EMBEDMESH_BULK_NICE overrides it. On (any value > 0) it also turns tokenizers' own thread pool
 # off: on the H200 host, eight ingress processes each running that pool on all 16 cores capped
 # bulk through HTTP at 3.5 M tok/s (MiniLM); without it 5.1 M, and the live p99 under that bulk
-# fell from 63 to 18 ms (docs/gpu.md). On the 2-core machine it changed nothing measurable.
+# fell from 63 to 18 ms (docs/tuning.md). On the 2-core machine it changed nothing measurable.
 BULK_NICE = 10
 # The ingress's bulk tokenizer processes (TOKENIZE_PROCESSES) also run under Linux's SCHED_IDLE
 # ("idle"): only on a core nothing else wants, giving way at once to any task that wakes, the
@@ -57,8 +57,8 @@ BULK_NICE = 10
 # BULK_NICE alone; EMBEDMESH_BULK_SCHED overrides it. On the H200 (MiniLM, nice and idle
 # alternated, five pairs over three calls) bulk beside live ran at 5.4-6.3 M tok/s against
 # 4.8-5.8 M and the live p99 was 10.1-12.8 ms against 11.4-18.4: at nice 10 the worker's launch
-# thread was short of CPU and fed the GPU more slowly (docs/gpu.md). On the 2-core machine it
-# cost nothing (docs/benchmarks.md, eighth session).
+# thread was short of CPU and fed the GPU more slowly (docs/tuning.md). On the 2-core machine it
+# cost nothing (docs/tuning.md).
 BULK_SCHED = "idle"
 # Child processes of each ingress that tokenize its batch-lane work, so that the event loop
 # carrying live queries never waits for a tokenizer thread's GIL (mesh/client/tokenize_procs.py:

@@ -246,7 +246,7 @@ class Queue:
         tokens each (the broker passes the worker's credits less one, so one credit stays
         free for the query): a query then waits behind the same tokens, but a worker with
         three credits holds a second bulk batch to start while the first one's reply
-        travels, instead of idling for that round trip (issue 8: with the cap whole, bulk
+        travels, instead of idling for that round trip (measured: with the cap whole, bulk
         kept 0.79-0.84 of its solo rate). And while live, a worker's ``last_credit`` (the
         broker says so only for workers of several credits) takes no more bulk once the
         worker holds some: batches of bulk smaller than the cap would otherwise fill every

@@ -7,7 +7,7 @@ character, for offsets), not the normalizing itself: on an ASCII text the whole 
 ``str.translate`` (clean_text: drop control characters, whitespace to spaces) and
 ``str.lower``, both C loops over the string in CPython. Bulk tokenization is most of an
 ingress tier's CPU, which is what bounds MiniLM's throughput through HTTP on the H200
-(docs/gpu.md), so an ASCII text goes to a copy of the tokenizer without a normalizer, already
+(docs/tuning.md), so an ASCII text goes to a copy of the tokenizer without a normalizer, already
 normalized.
 
 The ids are the same only where the normalizer's result is known exactly, so a text takes the

@@ -74,7 +74,7 @@ from proto_msgs import ModelInfo
 log = logging.getLogger("embedmesh.ingress")
 
 # INTERACTIVE_MAX_TOKENS (the default lane's size rule) lives with the client's validation,
-# which picks the lane; it is re-exported here, where the README's readers look for it.
+# which picks the lane; it is re-exported here, where docs/api.md's readers look for it.
 __all__ = ["INTERACTIVE_MAX_TOKENS", "STATE", "TIMINGS_HEADER", "create_app"]
 # Ask with "X-Embedmesh-Timings: 1"; the answer's header has the same name.
 TIMINGS_HEADER = "X-Embedmesh-Timings"

@@ -5,7 +5,7 @@ A worker's threads share one GIL: the compute thread (launching bulk batches), t
 the lane's). The live lane gives a query its own CUDA stream, graphs and result slot
 (:mod:`mesh.worker.live_lane`), but not its own interpreter: on the H200 under MiniLM bulk, a
 query's forward took 1.8 ms at p50 and 4.5 ms at p99 against 0.7 idle, while its kernels alone
-lose at most 0.3 ms to bulk (docs/gpu.md, green contexts). The rest is the query's thread
+lose at most 0.3 ms to bulk (measured with CUDA green contexts). The rest is the query's thread
 waiting for the GIL at each point where it let it go (a graph replay, an event wait, a socket
 send), behind bulk threads that hold it for up to the switch interval each time.
 
@@ -15,7 +15,7 @@ collecting its next result. The device keeps the bulk work already launched (the
 up to its credits), so bulk loses only the host time of a query. A bulk thread never waits
 longer than ``max_wait_s`` at one checkpoint, whatever the live rate; with live batches
 longer than that running back to back (a large model's), each bulk batch can lose that at
-each of its two checkpoints. Measured at 10 live queries a second (docs/gpu.md).
+each of its two checkpoints. Measured at 10 live queries a second (docs/tuning.md).
 
 ``EMBEDMESH_LIVE_GATE_MS`` sets the bound (0 turns the gate off; default LIVE_GATE_MS).
 """

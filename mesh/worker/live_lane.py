@@ -5,7 +5,7 @@ holds: behind them in the compute thread's queue, then behind their kernels on t
 stream, then behind their replies in the finisher. The broker's remedy was to cap the bulk a
 worker holds while queries come (``Queue.form_batch``), which kept a query's wait near one
 batch but cost bulk its prefetch: on the H200 through HTTP, live p99 13-14 ms with bulk at
-0.75 of its solo rate, or bulk at 0.92 with live p99 29 ms (docs/gpu.md).
+0.75 of its solo rate, or bulk at 0.92 with live p99 29 ms (docs/tuning.md).
 
 The live lane gives a small batch a path of its own from end to end: the link thread runs it
 when it is quick (``WorkerServer._accept``), else the lane's own thread, one batch at a time

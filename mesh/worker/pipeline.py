@@ -14,7 +14,7 @@ slot), which bounds device memory and matches the credits the worker advertises.
 there is nothing to overlap: launch computes the results and collect returns them.
 
 Slots are pinned buffers we own and reuse, rather than ``torch.empty(pin_memory=True)`` per
-batch, because allocating pinned memory can synchronize the device (docs/gpu.md: the first
+batch, because allocating pinned memory can synchronize the device (measured: the first
 two-deep loop did that per batch and ran slower than the serial one).
 """
 

@@ -81,8 +81,8 @@ def inline_max_ms_for(device_type: str, live_lane: bool = False) -> float:
     (libgomp), which keeps a thread team per thread that calls into it; once two threads have
     run forwards (the compute thread's bulk, the link thread's inline queries), both run
     their parallel regions about 1.5-2x slower for the rest of the process (a 15-token
-    MiniLM forward: 8 -> 13 ms on the 2-core VM; docs/benchmarks.md, "One thread for CPU
-    forwards"), while the hand-offs the inline path saves cost a fraction of a millisecond.
+    MiniLM forward: 8 -> 13 ms on the 2-core VM; docs/tuning.md, "Threads and workers on a
+    CPU"), while the hand-offs the inline path saves cost a fraction of a millisecond.
     An explicit live lane on CPU keeps the bound: it asked for forwards on other threads.
     On CUDA a forward's CPU side is kernel launches, not OpenMP work."""
     return 0.0 if device_type == "cpu" and not live_lane else INLINE_MAX_MS
@@ -309,7 +309,7 @@ class WorkerServer:
 
         An idle query then wakes one thread instead of four (link → compute → finisher →
         link): each hand-off woke a sleeping thread, whose first microseconds run several
-        times slower than warm code (docs/benchmarks.md, "Idle query overhead"). The cost is
+        times slower than warm code (docs/performance.md). The cost is
         that a batch arriving meanwhile waits for it; INLINE_MAX_MS bounds that, and how long
         the link does not read or heartbeat.
         """

@@ -100,9 +100,13 @@ class Launched:
 
 
 def start(
-    tmp_path: Path, *args: str, role: str = "all", env: dict[str, str] | None = None
+    tmp_path: Path,
+    *args: str,
+    role: str = "all",
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> Launched:
-    """``mesh-launch --role ROLE ARGS...``; stdout lines queued, stderr to a file."""
+    """``mesh-launch --role ROLE ARGS...`` (in ``cwd``); stdout lines queued, stderr to a file."""
     stderr = tmp_path / f"{role}.err"
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     with stderr.open("w") as err:
@@ -112,6 +116,7 @@ def start(
             stderr=err,
             text=True,
             env=full_env,
+            cwd=cwd,
         )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(

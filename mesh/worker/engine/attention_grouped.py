@@ -4,7 +4,7 @@ call per group and layer.
 
 Why not :class:`~mesh.worker.engine.attention.SdpaPerSequence` there: a loop of one SDPA
 call (and one mask) per sequence per layer is a few thousand small kernels a batch. On the
-H200 it ran those families at 8-14 thousand tokens/s (`bench/families.py`, 2026-12-03:
+H200 it ran those families at 8-14 thousand tokens/s (`bench/families.py`:
 ModernBERT-base 0.008 M tok/s, EmbeddingGemma-300m 0.008, MPNet-base 0.014; BERT-base on
 FlashInfer 2.42 M), 15-30 times slower than sentence-transformers' padded batches. Here a
 batch costs a few calls per layer, its masks are built once per batch (per window size and

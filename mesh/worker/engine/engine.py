@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 GRAPH_MAX_TOKENS = MAX_BATCH_TOKENS_GPU
 # Token budget per batch that a worker advertises in READY. On CPU, past a few thousand
 # tokens throughput is flat and only latency grows; on GPU a larger batch fills the device,
-# but one over the largest graph bucket runs eagerly (slower on the H200: docs/gpu.md), so
+# but one over the largest graph bucket runs eagerly (slower on the H200: docs/performance.md), so
 # the GPU default is that bucket, and default_max_batch_tokens caps it by the buckets in use.
 DEFAULT_MAX_BATCH_TOKENS = {"cpu": MAX_BATCH_TOKENS_CPU, "cuda": GRAPH_MAX_TOKENS}
 # How the non-GEMM parts of the forward run; see Engine.load.
@@ -138,7 +138,7 @@ class Engine:
           norm + RoPE, SiLU * up) and, for BERT, bias + GELU in the up projection's
           cuBLASLt epilogue, which is GELU's tanh approximation (within 4.7e-4 of HF's erf
           GELU; ``exact_gelu`` keeps erf, as TEI's tanh GELU is what it replaces). On the
-          H200 (docs/gpu.md): MiniLM 8.15, BERT-base 2.42, Qwen3-0.6B 0.519 M tok/s alone,
+          H200 (docs/performance.md): MiniLM 8.15, BERT-base 2.42, Qwen3-0.6B 0.519 M tok/s alone,
           the best of the three choices for every model; min cosine per sequence against
           fp32 transformers 0.9998-0.9999.
         - None: "fused" when triton imports, else "compile" for Qwen3 and "torch" for BERT.

@@ -8,7 +8,7 @@ host: FlashInfer needs the offsets on the CPU to build its work list, and a host
 spares it a device-to-host sync.
 
 fa2, not fa3: on the H200 fa3 was slower on these shapes (109 vs 129-137 TFLOP/s) and its
-``plan`` 6-7x costlier (see ../shared/gpu/NOTES.md). This module imports flashinfer lazily,
+``plan`` 6-7x costlier (measured on the H200). This module imports flashinfer lazily,
 so the CPU path never needs it.
 """
 
@@ -26,7 +26,7 @@ WORKSPACE_BYTES = 128 * 1024 * 1024
 # Head dims FlashInfer 0.7.2 fa2 ragged prefill was checked on (H200, bf16, rel. error ~2e-3
 # vs float64). head_dim 32 (all-MiniLM-L6-v2) compiles but every run fails with "Invalid
 # configuration: NUM_MMA_D_QK=2 ..." (its fa2 tiling has no head_dim-32 config), so those
-# models take torch's packed varlen flash attention, the next best path in NOTES.md.
+# models take torch's packed varlen flash attention, the next best path measured.
 FLASHINFER_HEAD_DIMS = (64, 128)
 
 
@@ -34,7 +34,7 @@ def pdl_from_env() -> bool | None:
     """``EMBEDMESH_FLASHINFER_PDL``: 0 launches FlashInfer's kernels without programmatic
     dependent launch (PDL, on by default on sm90), 1 with it; unset: FlashInfer's default.
     A diagnostic: it was the first suspect of the live lane's stall, and turning it off did
-    not stop the stall (docs/gpu.md, "The live lane's stall: one cuBLAS workspace")."""
+    not stop the stall (CHANGELOG.md: the live lane's stall, one cuBLAS workspace)."""
     return switch_from_env("EMBEDMESH_FLASHINFER_PDL")
 
 

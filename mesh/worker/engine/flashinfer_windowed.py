@@ -7,7 +7,7 @@ layers; ``run(q, k, v, window=w)`` picks by whether ``w`` is None. Grouped SDPA 
 batches (nearly every 16k-token batch of corpus texts holds one sequence past the window),
 so ModernBERT-base and EmbeddingGemma-300m ran 0.08 and 0.03-0.056 M tok/s on the H200,
 below sentence-transformers (0.12 / 0.10), while BERT-base on FlashInfer ran 2.4 M. Here
-they ran 0.69 and 0.38 M tok/s (2026-12-03, docs/gpu.md; its GPU tests passed there, at
+they ran 0.69 and 0.38 M tok/s (docs/performance.md; its GPU tests passed there, at
 head_dim 64, 128 and 256).
 
 Why a custom mask rather than FlashInfer's ``window_left``: that bounds keys on the left
@@ -57,7 +57,7 @@ WINDOW_MASK_ENV = "EMBEDMESH_WINDOW_MASK"
 WINDOW_MASK_CHOICES = ("flashinfer", "sdpa")
 # Head dims this backend serves: those the plain path was checked on (FLASHINFER_HEAD_DIMS),
 # and EmbeddingGemma's 256, whose probe (tests/gpu/test_flashinfer_windowed_gpu.py) and
-# windowed family test passed on the H200 (2026-12-03): 0.056 -> 0.376 M tok/s there.
+# windowed family test passed on the H200: 0.056 -> 0.376 M tok/s there.
 WINDOWED_HEAD_DIMS = (*FLASHINFER_HEAD_DIMS, 256)
 
 

@@ -1,6 +1,6 @@
 """Hand-written Triton kernels for the non-GEMM parts of the CUDA forward.
 
-Why: the H200 profile of one 16k-token batch (docs/gpu-bench/profile-2026-12-02.txt) spent
+Why: the H200 profile of one 16k-token batch spent
 28 % of BERT-base's time and 42 % of Qwen3-0.6B's in elementwise kernels (eager LayerNorm,
 GELU and residual adds; Inductor's dynamic-shape RMSNorm, RoPE and SiLU kernels, which
 reached a fraction of the bandwidth). Each kernel here reads and writes every element once:

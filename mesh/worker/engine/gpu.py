@@ -5,7 +5,7 @@ then four buckets an octave, so padding stays under 25 %) up to ``graph_max_toke
 runs eagerly until its graph exists; after an eager batch its graph is captured if the capture
 budget of the current window allows, so start-up stays fast and capture cost spreads over the
 first minutes of traffic (``warmup`` captures chosen buckets up front). Graphs go up to the
-16k-token batches too: measured on the H200 (docs/gpu.md), replaying them instead of launching
+16k-token batches too: measured on the H200 (docs/performance.md), replaying them instead of launching
 eagerly took BERT-base from 1.75 to 1.99 M tok/s and MiniLM from 6.05 to 6.5 M, because this
 host's slow cores could not launch ~100 kernels a batch ahead of the GPU.
 
@@ -184,7 +184,7 @@ class GpuRunner:
         # torch.cuda.graph's one default capture stream, a live lane's graphs and the bulk
         # engine's (both captured on the main thread at start) would share one workspace while
         # they replay at once on two streams. EMBEDMESH_SHARED_CAPTURE_STREAM=1 restores the
-        # shared stream: a diagnostic for the lane's stall with FlashInfer (docs/gpu.md).
+        # shared stream: a diagnostic for the lane's stall with FlashInfer (CHANGELOG.md).
         shared = os.environ.get("EMBEDMESH_SHARED_CAPTURE_STREAM", "").strip() == "1"
         self.capture_stream: torch.cuda.Stream | None = (
             None if shared else torch.cuda.Stream(device)
@@ -408,7 +408,7 @@ class GpuRunner:
         # The warm run on the capture stream itself: a fresh torch.cuda.Stream per capture would
         # draw from torch's pool of 32, and a lazy capture's draw would in time come round to
         # the live lane's capture stream, sharing its graphs' cuBLAS workspace for the warm
-        # run's GEMMs while lane graphs replay (the shared stream's deadlock, docs/gpu.md).
+        # run's GEMMs while lane graphs replay (the shared stream's deadlock, CHANGELOG.md).
         side = self.capture_stream or torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.inference_mode(), torch.cuda.stream(side):

@@ -19,9 +19,9 @@ batches); here every chunk ends in a ``[chunk, H] x [H, vocab]`` GEMM (for BERT-
 fifth of the forward's FLOPs again) and a top-k over the vocabulary, so each batch keeps the GPU
 busy far longer than its launches take, and capturing would hold a ``[bucket, vocab]`` logits
 buffer per token bucket in the graph pool. Measured on the H200 (``bench/families.py``, a
-BERT-base-shape SPLADE on corpus texts, 2026-12-03): 0.94 M tok/s alone, 0.92 M through HTTP,
+BERT-base-shape SPLADE on corpus texts): 0.94 M tok/s alone, 0.92 M through HTTP,
 5.4x sentence-transformers' ``SparseEncoder`` (bf16); 0.49 of BERT-base's dense tokens/s per
-FLOP, the head's memory-bound pooling over ``[chunk, vocab]`` being the rest (docs/gpu.md).
+FLOP, the head's memory-bound pooling over ``[chunk, vocab]`` being the rest (docs/performance.md).
 """
 
 from __future__ import annotations

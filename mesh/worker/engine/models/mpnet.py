@@ -12,7 +12,7 @@ top-left block (:func:`.blocks.attend`).
 On CUDA: FlashInfer's fa2 ragged prefill takes no additive bias, so MPNet runs torch SDPA
 over length-sorted padded groups with the bias as its float mask (``needs_masks``:
 ``gpu.GpuRunner`` picks ``attention_grouped.SdpaGrouped`` and captures no graphs); the
-layers' non-attention parts still take the fused Triton path. On the H200 (docs/gpu.md)
+layers' non-attention parts still take the fused Triton path. On the H200 (docs/performance.md)
 MPNet-base ran 0.44 M tok/s alone, BERT-base on FlashInfer + graphs 2.42 M.
 """
 
