@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.family_summary import write_summary
+from bench.harness.family_summary import write_summary
 
 META = {"device": "gpu", "torch": "2", "texts": 10, "tokens": 1000, "batches": 1,
         "peak_tflops": 1000.0}  # fmt: skip
