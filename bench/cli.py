@@ -4,8 +4,8 @@
     mesh-bench soak --minutes 30 --out soak.json
     mesh-bench gpu-proof OUT hops,mixed
 
-The first word picks the harness; without one (the first word is an option, or nothing at
-all), ``http`` runs, so every ``mesh-bench --mode ...`` line keeps working. Each harness is
+The first word picks the harness; without one (the first word is an option, or there are no
+arguments at all), ``http`` runs, so every ``mesh-bench --mode ...`` line keeps working. Each harness is
 imported only when it runs: ``mesh-bench http`` never imports torch, and the GPU ones need
 the GPU extra. What each measures and how to run it: ``bench/README.md``.
 """
@@ -83,7 +83,9 @@ class Bench(click.Group):
             formatter.write_dl(rows)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if not args or (args[0] not in self.list_commands(ctx) and args[0] not in _HELP):
+        # http takes no positional argument: a first word that is not an option names a
+        # command (a typo is refused as one, not run as http with a stray argument).
+        if not args or (args[0].startswith("-") and args[0] not in _HELP):
             args = [DEFAULT, *args]
         return super().parse_args(ctx, args)
 
@@ -119,6 +121,8 @@ def gpu_proof(out: str, stages: str | None) -> None:
     """The GPU proof, from a checkout on a CUDA host: ``bench/harness/gpu_proof.sh OUT
     [STAGES]`` (STAGES: a comma list of tests, rerank, hops, mixed, models, families;
     default tests,rerank,hops). Its environment knobs are listed at the script's top."""
+    if not (GPU_PROOF.parents[2] / "tests" / "gpu").is_dir():
+        raise click.ClickException("gpu-proof runs from a checkout: it runs tests/gpu")
     args = ["bash", str(GPU_PROOF), out, *([stages] if stages else [])]
     sys.exit(subprocess.call(args, env=os.environ.copy()))
 
