@@ -1,4 +1,4 @@
-"""bench/family_models' FLOP count against hand computations on known shapes."""
+"""bench/harness/family_models' FLOP count against hand computations on known shapes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""bench/family_summary: tokens/s per FLOP against the reference of the same run, and the rows
-of failed, skipped and partly measured families."""
+"""bench/harness/family_summary: tokens/s per FLOP against the reference of the same run, and
+the rows of failed, skipped and partly measured families."""
 
 from __future__ import annotations
 
