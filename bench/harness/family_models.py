@@ -386,7 +386,8 @@ def main(argv: list[str] | None = None) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     for name in args.families.split(","):
         params = build(FAMILIES[name], args.out / name, args.quick, device)
-        print(f"{args.out / name}: {FAMILIES[name].shape}, {params / 1e6:.1f} M parameters")
+        shape = "two-layer quick shape" if args.quick else FAMILIES[name].shape
+        print(f"{args.out / name}: {shape}, {params / 1e6:.1f} M parameters")
     if args.cross_encoder:
         from bench.shapes import bert_base_cross_encoder_dir
         from mesh.worker.engine.card import default_model_path
