@@ -96,3 +96,16 @@ def test_no_bench_module_imports_the_tests() -> None:
         if "tests/gpu" in path.read_text() and "sys.path" in path.read_text():
             offenders.append(f"{path.name}: sys.path to tests/gpu")
     assert offenders == []
+
+
+def test_every_command_the_readme_and_performance_page_run_exists() -> None:
+    import re
+
+    ctx = click.Context(cli.main)
+    known = set(cli.main.list_commands(ctx))
+    pages = [BENCH / "README.md", BENCH.parent / "docs" / "performance.md"]
+    # Commands as written: at the start of a line (a code block) or of inline code.
+    command = re.compile(r"(?:^|`)mesh-bench ([a-z][a-z-]*)", re.MULTILINE)
+    used = {m for page in pages for m in command.findall(page.read_text())}
+    assert {"soak", "fuzz", "gpu-engine", "models", "rerank"} <= used
+    assert used <= known, used - known
