@@ -1,1 +1,1 @@
-"""mesh-bench: load generators, the in-process baseline and reports (see ``bench.cli``)."""
+"""mesh-bench: the HTTP load benchmark and its harnesses (``bench.cli``, ``bench/README.md``)."""

@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 # data/corpus.jsonl in the repository (a copy of the shared corpus): 2,500 real English texts, 40 % queries.
 DEFAULT_CORPUS = REPO / "data" / "corpus.jsonl"
 
-# The body field by which a client picks the ingress's lane (issue 8); without it the ingress
+# The body field by which a client picks the ingress's lane; without it the ingress
 # picks by size (over 1,024 tokens: batch). One name here, should the ingress rename it.
 PRIORITY_FIELD = "priority"
 PRIORITIES = ("interactive", "batch")

@@ -1,4 +1,4 @@
-"""``--mode hops``: where one idle query's time goes, the same query four ways (issue 8, item 4).
+"""``--mode hops``: where one idle query's time goes, the same query four ways.
 
 1. **engine**: the model the mesh serves, loaded in a process of our own (``python -m
    bench.hops``, so the load generator never imports torch), the pre-tokenized query through

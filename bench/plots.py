@@ -1,13 +1,12 @@
 """PNG plots of a mesh-bench report: latency CDF per lane, throughput over time.
 
 Drawn from the report's JSON (``cdf_ms`` and ``timeline`` of each run), so a saved report can
-be drawn again later: ``python -m bench.plots report.json [folder]``. matplotlib with the Agg
+be drawn again later: ``mesh-bench plots report.json [folder]``. matplotlib with the Agg
 backend (no display); it is in the ``test`` extra, not a serving dependency.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -124,14 +123,19 @@ def write_plots(report: dict[str, Any], folder: Path, stem: str = "mesh-bench") 
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``mesh-bench plots REPORT.json [FOLDER]``: the plots of a saved report."""
+    import argparse
+
     import orjson
 
-    args = sys.argv[1:] if argv is None else argv
-    if not args:
-        raise SystemExit("usage: python -m bench.plots REPORT.json [FOLDER]")
-    src = Path(args[0])
-    folder = Path(args[1]) if len(args) > 1 else src.parent
-    for path in write_plots(orjson.loads(src.read_bytes()), folder, src.stem):
+    parser = argparse.ArgumentParser(
+        prog="mesh-bench plots", description="PNG plots of a saved mesh-bench http --json report."
+    )
+    parser.add_argument("report", type=Path, help="the report's JSON")
+    parser.add_argument("folder", type=Path, nargs="?", help="where (default: beside it)")
+    args = parser.parse_args(argv)
+    src: Path = args.report
+    for path in write_plots(orjson.loads(src.read_bytes()), args.folder or src.parent, src.stem):
         print(path)
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from models import _finish
 from test_gpu_engine import cosines, pack, random_seqs
 
+from bench.shapes import _finish
 from mesh.worker.engine import fused
 from mesh.worker.engine.engine import Engine
 

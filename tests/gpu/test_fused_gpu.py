@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from models import bert_base_dir, qwen3_dir, rotary_post_ln_dir
 from test_families_gpu import needs_gte_model
 from test_gpu_engine import LENGTHS, cosines, pack, random_seqs, reference
 
+from bench.shapes import bert_base_dir, qwen3_dir, rotary_post_ln_dir
 from mesh.worker.engine import fused
 from mesh.worker.engine.engine import Engine
 from mesh.worker.engine.models import blocks

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from models import bert_base_dir, qwen3_dir
 
+from bench.shapes import bert_base_dir, qwen3_dir
 from mesh.worker.engine.engine import Engine
 
 transformers = pytest.importorskip("transformers")

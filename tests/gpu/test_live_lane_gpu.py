@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from models import bert_base_dir
 
+from bench.shapes import bert_base_dir
 from mesh.worker.engine.engine import Engine
 from mesh.worker.live_lane import LiveLane
 from mesh.worker.server import INLINE_MAX_TOKENS

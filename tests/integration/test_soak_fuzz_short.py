@@ -1,5 +1,5 @@
-"""Short versions of the soak and the fuzz (``bench.soak``, ``bench.fuzz``), run as a user would:
-each must pass its own criteria. The long runs and their figures are in docs/reliability.md."""
+"""Short versions of the soak and the fuzz (``mesh-bench soak``, ``mesh-bench fuzz``), run as
+a user would: each must pass its own criteria. The long runs and their figures are in docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("soak-fuzz")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     commands = {
-        "fuzz": ["-m", "bench.fuzz", "--frames", str(FUZZ_FRAMES), "--sockets", "4"],
+        "fuzz": ["-m", "bench.cli", "fuzz", "--frames", str(FUZZ_FRAMES), "--sockets", "4"],
         # Misbehaving more often than the long soak, so that 20 s sees each kind.
-        "soak": ["-m", "bench.soak", "--minutes", "0.33", "--warmup", "5", "--sample-every",
+        "soak": ["-m", "bench.cli", "soak", "--minutes", "0.33", "--warmup", "5", "--sample-every",
                  "2", "--misbehave", "0.15", "0.1", "0.1", "--query-pause", "0.05", "0.3"],
     }  # fmt: skip
     procs = {

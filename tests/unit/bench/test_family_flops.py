@@ -1,11 +1,11 @@
-"""bench/family_models' FLOP count against hand computations on known shapes."""
+"""bench/harness/family_models' FLOP count against hand computations on known shapes."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench.family_models import FAMILIES, attended_pairs, forward_flops, shape_of
+from bench.harness.family_models import FAMILIES, attended_pairs, forward_flops, shape_of
 
 BERT_BASE = dict(
     hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,

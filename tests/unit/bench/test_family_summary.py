@@ -1,11 +1,11 @@
-"""bench/family_summary: tokens/s per FLOP against the reference of the same run, and the rows
-of failed, skipped and partly measured families."""
+"""bench/harness/family_summary: tokens/s per FLOP against the reference of the same run, and
+the rows of failed, skipped and partly measured families."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.family_summary import write_summary
+from bench.harness.family_summary import write_summary
 
 META = {"device": "gpu", "torch": "2", "texts": 10, "tokens": 1000, "batches": 1,
         "peak_tflops": 1000.0}  # fmt: skip

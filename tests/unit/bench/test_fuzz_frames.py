@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from bench.fuzz import judge
-from bench.fuzz_frames import FAKE_MODELS, KINDS, Mutator, Templates, as_bytes
-from bench.fuzz_peers import FuzzCounts
+from bench.harness.fuzz import judge
+from bench.harness.fuzz_frames import FAKE_MODELS, KINDS, Mutator, Templates, as_bytes
+from bench.harness.fuzz_peers import FuzzCounts
 from proto_msgs import (
     REGISTRY,
     BatchResult,

@@ -7,9 +7,9 @@ from typing import Any
 
 import orjson
 
-from bench.soak import percentiles, summarize
-from bench.soak_load import INVALID_BODIES, classify_embedding, classify_invalid
-from bench.watch import appeared, rss_kb, vanished
+from bench.harness.soak import percentiles, summarize
+from bench.harness.soak_load import INVALID_BODIES, classify_embedding, classify_invalid
+from bench.harness.watch import appeared, rss_kb, vanished
 
 
 def body(vectors: int, width: int = 3) -> bytes:

@@ -1,10 +1,10 @@
-"""``python -m bench.soak``: a whole mesh under moderate load for a long time, watched.
+"""``mesh-bench soak``: a whole mesh under moderate load for a long time, watched.
 
-    python -m bench.soak --minutes 30 --out soak.json
-    python -m bench.soak --minutes 0.5 --warmup 5 --sample-every 2 --out /tmp/soak.json
+    mesh-bench soak --minutes 30 --out soak.json
+    mesh-bench soak --minutes 0.5 --warmup 5 --sample-every 2 --out /tmp/soak.json
 
 Starts ``mesh-launch --role all`` (CPU, the embedded all-MiniLM-L6-v2, as ``bench.spawn`` does
-for ``mesh-bench``) and drives it from a separate process (``bench.soak_load``: query and bulk
+for ``mesh-bench``) and drives it from a separate process (``bench.harness.soak_load``: query and bulk
 clients with pauses, sprinkled with invalid requests, cut connections and abandoned requests).
 Every ``--sample-every`` seconds it records the RSS of every mesh process (supervisor, broker,
 worker(s), ingress(es)), their pids and the load's counts. The JSON at ``--out`` holds the
@@ -27,10 +27,10 @@ import click
 import orjson
 
 from bench.corpus import DEFAULT_CORPUS, load_texts
-from bench.soak_load import LoadConfig, Outcome, load_main
+from bench.harness.soak_load import LoadConfig, Outcome, load_main
+from bench.harness.watch import appeared, sample_processes, vanished
 from bench.spawn import SpawnedMesh
 from bench.stats import percentile
-from bench.watch import appeared, sample_processes, vanished
 
 MODEL = "all-MiniLM-L6-v2"
 MESH_ROLES = frozenset({"supervisor", "broker", "worker", "ingress"})  # not helpers

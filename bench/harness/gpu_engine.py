@@ -1,4 +1,4 @@
-"""GPU engine benchmark (issue 4): one run on the H200 measures, for each model,
+"""``mesh-bench gpu-engine``: the engine on one GPU; one run measures, for each model,
 
 1. sentence-transformers ``encode`` (bf16) at its best batch size: the baseline;
 2. our engine alone on pre-tokenized FCFS batches of at most 16384 tokens (arrival order);
@@ -11,10 +11,14 @@ Workload: 20,000 texts, 40 % of lengths uniform in 8..32 tokens and 60 % in 64..
 (special tokens included), shuffled, numpy seed ``SEED``. Texts are words of the MiniLM
 vocabulary that tokenize to one token each, so every path sees the same token ids. The
 random-weight shapes (BERT-base, Qwen3-0.6B) are transformers models built from a config
-(``tests/gpu/models.py``) with MiniLM's tokenizer files beside them, so that
+(``bench/shapes.py``) with MiniLM's tokenizer files beside them, so that
 sentence-transformers can load each directory as it would a downloaded model.
 
-Run there: ``python3 bench/gpu_engine.py --out $OUT`` (``--quick`` for a smoke run).
+    mesh-bench gpu-engine --out OUT [--minilm DIR] [--models minilm,bert-base,qwen3-0.6b]
+    mesh-bench gpu-engine --out OUT --quick      # a smoke run: 1,000 texts, MiniLM
+
+``--minilm``: the all-MiniLM-L6-v2 directory (default: the embedded model); set its
+``sentence_bert_config.json`` ``max_seq_length`` to 512, as the workload goes to 512 tokens.
 """
 
 from __future__ import annotations
@@ -33,14 +37,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+from mesh.worker.engine.card import default_model_path
+from mesh.worker.engine.engine import Engine
 
-from mesh.worker.engine.engine import Engine  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 SEED = 20261202
-MINILM_DIR = ROOT / ".carry" / "minilm"
+MINILM_DIR = default_model_path()  # --minilm replaces it
 BUDGET = 16384
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -133,7 +135,7 @@ def model_flops(config: dict, lengths: np.ndarray, causal: bool) -> float:
 
 
 def prepare_dirs(work: Path, models: list[str]) -> dict[str, Path]:
-    from models import bert_base_dir, qwen3_dir
+    from bench.shapes import bert_base_dir, qwen3_dir
 
     dirs = {}
     for name in models:
@@ -377,9 +379,11 @@ async def drive_mesh(
     return result
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    global MINILM_DIR
+    ap = argparse.ArgumentParser(prog="mesh-bench gpu-engine", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
+    ap.add_argument("--minilm", type=Path, help="all-MiniLM-L6-v2 directory (default: embedded)")
     ap.add_argument("--models", default="minilm,bert-base,qwen3-0.6b")
     ap.add_argument("--texts", type=int, default=20000)
     ap.add_argument("--st-texts", type=int, default=5000)
@@ -402,7 +406,8 @@ def main() -> None:
         "--per-request", default="16,64", help="texts per mesh request; the first is reported"
     )
     ap.add_argument("--quick", action="store_true", help="smoke run: 1000 texts, minilm")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    MINILM_DIR = args.minilm or MINILM_DIR
     if args.quick:
         args.texts, args.st_texts, args.models = 1000, 500, "minilm"
     args.out.mkdir(parents=True, exist_ok=True)

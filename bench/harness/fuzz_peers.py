@@ -1,5 +1,5 @@
-"""The two kinds of peer ``bench.fuzz`` puts on a live broker: hostile DEALERs sending what
-``bench.fuzz_frames`` makes, and one legitimate ``MeshClient`` (in its own process) whose
+"""The two kinds of peer ``bench.harness.fuzz`` puts on a live broker: hostile DEALERs sending what
+``bench.harness.fuzz_frames`` makes, and one legitimate ``MeshClient`` (in its own process) whose
 results must not change while they do.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from bench.fuzz_frames import Frames, Mutator
+from bench.harness.fuzz_frames import Frames, Mutator
 from mesh.client import MeshClient
 from mesh.errors import MeshError
 from proto_msgs import (

@@ -1,10 +1,10 @@
-"""``bench/families.py``'s summary: ``summary.json`` (every family's record) and ``summary.md``,
+"""``mesh-bench families``' summary: ``summary.json`` (every family's record) and ``summary.md``,
 one row per family and output.
 
-"FLOP/s vs ref" is issue 13's tokens/s per FLOP: the engine's tokens/s times the forward's FLOPs
-per token on the same texts (``family_models.forward_flops``), divided by the same product of the
-reference (BERT-base for encoders, Qwen3-0.6B for decoders) in the same run; the issue asks for
-at least 0.8 on the FlashInfer/graph path.
+"FLOP/s vs ref" is tokens/s per FLOP: the engine's tokens/s times the forward's FLOPs per
+token on the same texts (``family_models.forward_flops``), divided by the same product of the
+reference (BERT-base for encoders, Qwen3-0.6B for decoders) in the same run; a family on the
+FlashInfer/graph path should reach at least 0.8.
 """
 
 from __future__ import annotations

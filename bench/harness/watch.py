@@ -1,5 +1,5 @@
 """What a long run watches in the mesh's processes: their memory and whether they are still the
-same processes. Shared by ``bench.soak`` and ``bench.fuzz``. Linux ``/proc`` only.
+same processes. Shared by ``bench.harness.soak`` and ``bench.harness.fuzz``. Linux ``/proc`` only.
 
 A role that crashed and was restarted by the supervisor shows as a pid that vanished and a new
 one of the same role: the supervisor hides the crash from the client (it may cost only a few

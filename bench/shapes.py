@@ -1,4 +1,5 @@
-"""Model directories for the GPU tests and bench: random weights in the real shapes.
+"""Model shapes and directories with random weights in the real shapes, shared by the bench
+(``mesh-bench gpu-engine``, ``models``, ``families``) and the GPU tests (``tests/gpu``).
 
 Weights come from transformers' own initialisation under a fixed seed (std 0.02, as the
 checkpoints it would train from), saved in bf16 with a word-level tokenizer.json and a
@@ -94,7 +95,7 @@ def bert_base_cross_encoder_dir(path: Path, tokenizer_from: Path, seed: int = 0)
     """A BERT-base-shape ``BertForSequenceClassification`` (one label: sentence-transformers'
     ``CrossEncoder`` applies a sigmoid) with random weights and a real WordPiece tokenizer
     (``tokenizer_from``: a BERT-uncased directory such as the embedded MiniLM), so the rerank
-    benchmark sends real text: issue 12's "BERT-base-shape cross-encoder"."""
+    benchmark sends real text."""
     import shutil
 
     import transformers

@@ -1,7 +1,7 @@
 """Rerank throughput through HTTP beside sentence-transformers ``CrossEncoder.predict`` in the
-same run (issue 12's proof: pairs/s and tokens/s, 1 query x 100 passages per request).
+same run: pairs/s and tokens/s, 1 query x 100 passages per request.
 
-    python -m bench.rerank --model ./ms-marco-MiniLM-L6-v2 --mesh-args "--gpu 0" --device cuda
+    mesh-bench rerank --model ./ms-marco-MiniLM-L6-v2 --mesh-args "--gpu 0" --device cuda
 
 Brings a mesh up (``mesh-launch --role all --model DIR --auto-truncate`` plus ``--mesh-args``),
 sends ``--requests`` TEI ``/rerank`` requests of one corpus query and ``--passages`` corpus
@@ -104,7 +104,7 @@ def baseline(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="mesh-bench rerank", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="cross-encoder directory")
     parser.add_argument("--mesh-args", default="", help="more mesh-launch flags (--gpu 0)")
     parser.add_argument("--device", default="cpu", help="the baseline's torch device")

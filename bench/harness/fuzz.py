@@ -1,13 +1,13 @@
-"""``python -m bench.fuzz``: at least N hostile frames against a live broker's two sockets.
+"""``mesh-bench fuzz``: at least N hostile frames against a live broker's two sockets.
 
-    python -m bench.fuzz --frames 1000000 --out fuzz.json
-    python -m bench.fuzz --frames 20000 --out /tmp/fuzz.json
+    mesh-bench fuzz --frames 1000000 --out fuzz.json
+    mesh-bench fuzz --frames 20000 --out /tmp/fuzz.json
 
 Starts a broker (``--role broker`` on private ipc:// endpoints) and one real CPU worker
 (``--role worker``, the embedded all-MiniLM-L6-v2), then one legitimate ``MeshClient`` (its own
 process) that embeds the same four texts over and over and compares each answer with the
 first. Meanwhile ``--sockets`` DEALERs, half on the frontend (where ingresses connect), half on
-the backend (where workers connect), send what ``bench.fuzz_frames`` makes: random bytes,
+the backend (where workers connect), send what ``bench.harness.fuzz_frames`` makes: random bytes,
 truncated and bit-flipped real messages of every class, wrong command bytes, huge declared
 lengths, type-confused fields, and valid but hostile messages (fake workers that then answer
 their batches wrongly, conflicting READYs, unknown error codes and batch ids). A frame here is
@@ -37,9 +37,9 @@ import click
 import orjson
 import zmq
 
-from bench.fuzz_peers import ERRORS, OK, WRONG, Fuzzer, broker_stats, legit_main
-from bench.soak import percentiles
-from bench.watch import rss_kb
+from bench.harness.fuzz_peers import ERRORS, OK, WRONG, Fuzzer, broker_stats, legit_main
+from bench.harness.soak import percentiles
+from bench.harness.watch import rss_kb
 from launch.children import die_with_parent
 
 MODEL = "all-MiniLM-L6-v2"

@@ -1,4 +1,4 @@
-"""Hostile frame lists for ``bench.fuzz``: pure, seeded, no sockets.
+"""Hostile frame lists for ``bench.harness.fuzz``: pure, seeded, no sockets.
 
 Each message is built from a real one of the wire contract (``proto_msgs``), so that the
 mutations reach past the header check into msgpack, the field checkers, ``validate`` and the

@@ -1,10 +1,11 @@
-"""Issue 13's per-family benchmark: for each family and output, in one run, tokens/s of the
+"""``mesh-bench families``: for each model family and output, in one run, tokens/s of the
 engine alone, through HTTP and of sentence-transformers on the same corpus texts, and the
 engine's tokens/s per FLOP relative to BERT-base (encoders) or Qwen3-0.6B (decoders).
 
-    python3 bench/families.py --out OUT [--families bert,qwen3] [--budget-s 450]
+    mesh-bench families --out OUT [--families bert,qwen3] [--budget-s 450]
+    mesh-bench families --out OUT --quick       # two-layer shapes: every step, on a CPU
 
-Per family (``bench/family_models.py``: shapes, builders, FLOPs), in this order:
+Per family (``bench/harness/family_models.py``: shapes, builders, FLOPs), in this order:
 
 1. build a random-weight directory in the real shape (transformers, on the GPU, bf16) with the
    embedded MiniLM's tokenizer;
@@ -17,7 +18,7 @@ Per family (``bench/family_models.py``: shapes, builders, FLOPs), in this order:
    no heads for, ``encode`` of the same backbone (lexical) and its token embeddings (colbert);
 4. through HTTP: ``mesh-bench`` closed loop on ``/v1/embeddings`` for dense models, our closed
    loop on ``/embed_sparse`` and ``/embed_multivector`` for the others
-   (``bench/family_http.py``), against ``mesh-launch --role all`` on the GPU.
+   (``bench/harness/family_http.py``), against ``mesh-launch --role all`` on the GPU.
 
 Each family runs in a ``try``: a failure is recorded in its JSON and the next one starts. A
 family whose estimated time would take the run past ``--budget-s`` is skipped and recorded.
@@ -31,7 +32,6 @@ import argparse
 import gc
 import json
 import shutil
-import sys
 import tempfile
 import time
 import traceback
@@ -40,12 +40,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.corpus import DEFAULT_CORPUS, load_texts  # noqa: E402
-from bench.family_http import drive_outputs, mesh_bench  # noqa: E402
-from bench.family_models import (  # noqa: E402
+from bench.corpus import DEFAULT_CORPUS, load_texts
+from bench.harness.family_http import drive_outputs, mesh_bench
+from bench.harness.family_models import (
     FAMILIES,
     MAX_TOKENS,
     FamilySpec,
@@ -53,9 +50,9 @@ from bench.family_models import (  # noqa: E402
     forward_flops,
     shape_of,
 )
-from bench.family_summary import write_summary  # noqa: E402
-from bench.gpu_engine import fcfs_batches  # noqa: E402
-from mesh.worker.engine.engine import Engine  # noqa: E402
+from bench.harness.family_summary import write_summary
+from bench.harness.gpu_engine import fcfs_batches
+from mesh.worker.engine.engine import Engine
 
 BUDGET = 16384
 GPU_SPAWN = "--device cuda --warmup-buckets 16,32,64,128,256"
@@ -247,7 +244,7 @@ def run_family(
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="mesh-bench families", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("bench-families"))
     ap.add_argument("--families", default=",".join(FAMILIES),
                     help=f"comma list, run in this order; of {', '.join(FAMILIES)}")  # fmt: skip
@@ -295,7 +292,7 @@ def run(args: argparse.Namespace, names: list[str], device: str) -> None:
             "torch": torch.__version__, "texts": len(texts), "tokens": int(corpus["lengths"].sum()),
             "batches": len(corpus["batches"]), "args": {k: str(v) for k, v in vars(args).items()}}  # fmt: skip
     if device == "cuda":
-        from bench.gpu_engine import peak_tflops
+        from bench.harness.gpu_engine import peak_tflops
 
         meta["peak_tflops"] = peak_tflops()
     print(f"{meta['texts']} texts, {meta['tokens']} tokens, {meta['batches']} batches", flush=True)

@@ -1,4 +1,4 @@
-"""Through HTTP, for ``bench/families.py``: dense models by ``mesh-bench`` (``/v1/embeddings``,
+"""Through HTTP, for ``mesh-bench families``: dense models by ``mesh-bench`` (``/v1/embeddings``,
 closed loop), sparse and multi-vector outputs, which mesh-bench does not send, by a closed loop of
 our own on TEI's ``/embed_sparse`` and our ``/embed_multivector`` against one spawned mesh.
 

@@ -1,5 +1,5 @@
-"""The model families of issue 13 in their real shapes, for ``bench/families.py``: one spec per
-family (the transformers class and config that build it, its pooling, the output it is measured
+"""The model families in their real shapes, for ``mesh-bench families`` and ``mesh-bench models``:
+one spec per family (the transformers class and config that build it, its pooling, the output it is measured
 on, the model its tokens/s per FLOP is compared with), a builder that saves a random-weight
 directory as our loader and sentence-transformers both read it, and the forward's FLOP count.
 
@@ -21,8 +21,8 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from tests.gpu.models import BERT_BASE as BASE  # the engine benchmark's shapes, one definition
-from tests.gpu.models import QWEN3_06B
+from bench.shapes import BERT_BASE as BASE  # the GPU tests' shapes, one definition
+from bench.shapes import QWEN3_06B
 
 MAX_TOKENS = 512
 # --quick: two layers, 4 heads of 16; the vocabularies stay real (the tokenizer needs 30,522).
@@ -364,3 +364,33 @@ def forward_flops(shape: Shape, lengths: np.ndarray) -> float:
         + 4.0 * attn * shape.heads * shape.head_dim
         + 2.0 * shape.head_weights * tokens
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``mesh-bench models OUT``: each family's directory at OUT/NAME (served as NAME)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="mesh-bench models",
+        description="Random-weight model directories in real shapes with the embedded "
+        "MiniLM's tokenizer, loadable by mesh-launch --model and sentence-transformers.",
+    )
+    ap.add_argument("out", type=Path, help="folder; each model goes to OUT/NAME")
+    ap.add_argument("--families", default="bert,qwen3", help=f"comma list of {', '.join(FAMILIES)}")
+    ap.add_argument(
+        "--cross-encoder", action="store_true",
+        help="also OUT/ce-bert-base, a BERT-base-shape cross-encoder (for mesh-bench rerank)",
+    )  # fmt: skip
+    ap.add_argument("--quick", action="store_true", help="two-layer shapes, quick on a CPU")
+    args = ap.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for name in args.families.split(","):
+        params = build(FAMILIES[name], args.out / name, args.quick, device)
+        shape = "two-layer quick shape" if args.quick else FAMILIES[name].shape
+        print(f"{args.out / name}: {shape}, {params / 1e6:.1f} M parameters")
+    if args.cross_encoder:
+        from bench.shapes import bert_base_cross_encoder_dir
+        from mesh.worker.engine.card import default_model_path
+
+        path = bert_base_cross_encoder_dir(args.out / "ce-bert-base", default_model_path())
+        print(f"{path}: BERT-base-shape cross-encoder")
