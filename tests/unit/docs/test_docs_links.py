@@ -11,10 +11,6 @@ import pytest
 
 from tests.doc_blocks import DEFAULT_SERVER, ROOT, all_blocks, doc_pages, fenced_lines
 
-# Pages written on other branches of the same change; a link to one of them is accepted until
-# it exists here (then it must leave this set, so that its links are checked like any other).
-PENDING = {"docs/performance.md"}
-
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _MD_NAME = re.compile(r"`([\w./-]+\.md)(?:#[\w-]+)?`")
 
@@ -48,10 +44,6 @@ def resolves(page: Path, target: str) -> Path | None:
     return next((path for path in candidates(page, target) if path.exists()), None)
 
 
-def pending(page: Path, target: str) -> bool:
-    return any(str(path.relative_to(ROOT)) in PENDING for path in candidates(page, target))
-
-
 def broken(page: Path, text: str | None = None) -> list[str]:
     """What ``page`` (or ``text`` read as if it stood at ``page``) names that does not exist."""
     found = []
@@ -62,13 +54,12 @@ def broken(page: Path, text: str | None = None) -> list[str]:
         path_part, _, anchor = target.partition("#")
         path = resolves(page, path_part) if path_part else page
         if path is None:
-            if not pending(page, path_part):
-                found.append(f"link {target}")
+            found.append(f"link {target}")
             continue
         if anchor and path.suffix == ".md" and anchor not in anchors(path):
             found.append(f"anchor {target}")
     for name in _MD_NAME.findall(text):
-        if resolves(page, name) is None and not pending(page, name):
+        if resolves(page, name) is None:
             found.append(f"`{name}`")
     return found
 
@@ -76,10 +67,6 @@ def broken(page: Path, text: str | None = None) -> list[str]:
 @pytest.mark.parametrize("page", doc_pages(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_link_and_md_name_resolves(page: Path) -> None:
     assert broken(page) == []
-
-
-def test_pending_pages_leave_the_set_once_they_exist() -> None:
-    assert [name for name in PENDING if (ROOT / name).exists()] == []
 
 
 def test_the_checker_sees_a_broken_link_and_anchor() -> None:
