@@ -79,6 +79,7 @@ def card(name: str = MODEL, **changes: Any) -> ModelInfo:
         pooling="mean",
         normalize=True,
         tokenizer_digest=hashlib.sha256(b"{}").hexdigest(),
+        hidden_size=DIMS,  # it serves span rows
     )
     return ModelInfo(**{**fields, **changes})
 
