@@ -116,7 +116,9 @@ class MeshClient:
         """Wait until a broker is reachable (and serves ``model``, if given)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if any(b.alive and (model is None or find_model(b.models, model)) for b in self.brokers):
+            if any(
+                b.alive and (model is None or find_model(b.models, model)) for b in self.brokers
+            ):
                 return
             await asyncio.sleep(0.05)
         raise Unavailable(f"no broker serving {model or 'anything'} within {timeout_s}s")
