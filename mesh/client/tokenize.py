@@ -386,7 +386,8 @@ class TokenizerPool:
         assert self._procs is not None and tok.digest is not None
         pool = None
         try:
-            pool, job = self._procs.submit(tok.digest, tok.model, texts, truncate, first)
+            args = (tok.digest, tok.model, texts, truncate, first)
+            pool, job = self._procs.submit(ModelTokenizer, *args)
             return await asyncio.wrap_future(job)
         except (BrokenProcessPool, OSError) as exc:
             if pool is not None and isinstance(exc, BrokenProcessPool):
