@@ -3,8 +3,8 @@ trust it (TEI's ``ValidEncoding``, vLLM's ``EngineCoreRequest``).
 
 A ``ValidRequest`` carries the resolved model card and everything ready to send: int32 ids and
 offsets, the per-sequence lengths (computed once, here), the output options and the lane.
-``MeshClient.submit`` sends it without resolving or checking again; the broker re-checks only the
-cheap invariants of what arrives on its socket (its own trust boundary).
+``MeshClient.submit`` sends it without resolving or checking again; the broker applies the same
+check against the card to what arrives on its socket (its own trust boundary).
 
 Two ways in: ``valid_tokens`` for ids a caller gives (every check, once each), and
 ``valid_tokenized`` for ids our tokenizer produced (in the vocabulary and within the limit by
@@ -258,6 +258,7 @@ def valid_tokenized(
     lane: int | None,
 ) -> ValidRequest:
     """Ids our tokenizer produced (int32, lengths in 1..limit by construction)."""
+    refuse(size_problem(len(lengths), len(token_ids)))
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     return ValidRequest(model, token_ids, offsets, lengths, output, lane_for(len(token_ids), lane))
