@@ -8,7 +8,7 @@ import pytest
 from proto_msgs import BatchAssign, BatchError, ErrorCode, RequestError, RequestResult
 from proto_msgs.checks import submit_problem
 from proto_msgs.small_arrays import SMALL
-from tests.unit.broker.fakes import DIMS, Harness, answer, card, submit
+from tests.unit.broker.fakes import DIMS, MODEL, Harness, answer, card, ready, submit
 
 
 @pytest.mark.parametrize(
@@ -29,6 +29,18 @@ def test_a_submit_breaking_the_model_card_is_refused_alone_and_never_batched(bad
     assert says in errors[0][1].message
     batches = [m for _, m in h.back.take(BatchAssign)]
     assert len(batches) == 1 and batches[0].n == 1  # only the valid request was sent
+
+
+def test_a_submit_by_alias_runs_under_the_models_name_and_an_unknown_name_is_not_found():
+    h = Harness()
+    h.add_worker(b"w1", ready(card(aliases=["org/m"])))
+    h.submit(submit(1, [3], model="org/m"))
+    h.submit(submit(2, [3], model="org/other"))
+    [(_, batch)] = h.back.take(BatchAssign)
+    assert batch.model == MODEL  # the worker gets its own model's name, never an alias
+    [(_, error)] = h.front.take(RequestError)
+    assert (error.cid, error.code) == (2, ErrorCode.MODEL_NOT_FOUND)
+    assert error.message == "model 'org/other' is not served"
 
 
 def test_a_submit_within_the_card_is_served():
