@@ -9,17 +9,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from proto_msgs import ErrorCode, Lane, ModelInfo, OutputOptions, SubmitRequest, limits
-from proto_msgs.checks import (
-    Problem,
-    find_model,
-    ids_problem,
-    lengths_problem,
-    output_problem,
-    pool_skip_problem,
-    size_problem,
-    submit_problem,
-)
+from proto_msgs import ErrorCode, Lane, ModelInfo, OutputOptions, SubmitRequest, checks, limits
+from proto_msgs.checks import Problem, submit_problem
 from proto_msgs.small_arrays import SMALL, bounds
 
 CARD = ModelInfo(
@@ -56,16 +47,16 @@ def _problem(msg: SubmitRequest, model: ModelInfo = CARD) -> Problem:
 
 def test_a_model_is_found_by_its_name_or_by_an_alias():
     models = [SCORER, CARD]
-    assert find_model(models, "mini") is CARD
-    assert find_model(models, "org/mini") is CARD
-    assert find_model(models, "nothing") is None
-    assert find_model([], "mini") is None
+    assert checks.find_model(models, "mini") is CARD
+    assert checks.find_model(models, "org/mini") is CARD
+    assert checks.find_model(models, "nothing") is None
+    assert checks.find_model([], "mini") is None
 
 
 def test_a_served_name_wins_over_another_models_alias_of_it():
     squatter = dataclasses.replace(SCORER, aliases=["mini"])
-    assert find_model([squatter, CARD], "mini") is CARD
-    assert find_model([squatter, CARD], "ranker") is squatter
+    assert checks.find_model([squatter, CARD], "mini") is CARD
+    assert checks.find_model([squatter, CARD], "ranker") is squatter
 
 
 # ---- the whole submit --------------------------------------------------------------------------
@@ -133,7 +124,7 @@ def test_a_prompt_left_out_must_leave_each_sequence_a_token():
     ],
 )  # fmt: skip
 def test_output_options_the_model_cannot_give_are_refused(model, output, param, says):
-    problem = output_problem(model, output)
+    problem = checks.output_problem(model, output)
     assert problem is not None and problem.param == param and says in problem.message
 
 
@@ -148,32 +139,32 @@ def test_output_options_the_model_cannot_give_are_refused(model, output, param, 
     ],
 )
 def test_output_options_within_the_card_pass(model, output):
-    assert output_problem(model, output) is None
+    assert checks.output_problem(model, output) is None
 
 
 @pytest.mark.parametrize("bad", [-1, 30522, 2**32 + 5, 2**40])
 def test_ids_are_checked_in_the_callers_width_before_any_cast(bad):
     ids = np.array([1, 2, bad, 3], dtype=np.int64)
-    problem = ids_problem(CARD, ids, *bounds(ids))
+    problem = checks.ids_problem(CARD, ids, *bounds(ids))
     assert problem is not None and f"token id {bad} is outside" in problem.message
-    assert ids_problem(CARD, ids[:2], *bounds(ids[:2])) is None
+    assert checks.ids_problem(CARD, ids[:2], *bounds(ids[:2])) is None
 
 
 def test_an_empty_sequence_is_refused_naming_it():
     lengths = np.array([2, 0, 3])
-    problem = lengths_problem(CARD, lengths, *bounds(lengths))
+    problem = checks.lengths_problem(CARD, lengths, *bounds(lengths))
     assert problem is not None and problem.message == "input[1] is empty"
 
 
 def test_a_prompt_skip_is_refused_only_where_it_leaves_nothing():
-    assert pool_skip_problem(CARD, 0, np.array([1])) is None
-    assert pool_skip_problem(CARD, 2, np.array([3, 4])) is None
-    problem = pool_skip_problem(CARD, 2, np.array([3, 2]))
+    assert checks.pool_skip_problem(CARD, 0, np.array([1])) is None
+    assert checks.pool_skip_problem(CARD, 2, np.array([3, 4])) is None
+    problem = checks.pool_skip_problem(CARD, 2, np.array([3, 2]))
     assert problem is not None and problem.message.startswith("input[1] keeps no token")
 
 
 def test_more_than_a_message_may_carry_is_too_large():
-    assert size_problem(limits.MAX_SEQUENCES, limits.MAX_TOKENS) is None
+    assert checks.size_problem(limits.MAX_SEQUENCES, limits.MAX_TOKENS) is None
     for sequences, tokens in [(limits.MAX_SEQUENCES + 1, 1), (1, limits.MAX_TOKENS + 1)]:
-        problem = size_problem(sequences, tokens)
+        problem = checks.size_problem(sequences, tokens)
         assert problem is not None and problem.code == ErrorCode.TOO_LARGE
