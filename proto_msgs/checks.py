@@ -25,7 +25,7 @@ import numpy as np
 
 from proto_msgs import limits
 from proto_msgs.errors import ErrorCode
-from proto_msgs.messages import SPAN_ROWS, ModelInfo, OutputOptions, SubmitRequest
+from proto_msgs.messages import ModelInfo, OutputOptions, SubmitRequest
 from proto_msgs.small_arrays import least, most
 
 
@@ -86,25 +86,13 @@ def output_problem(model: ModelInfo, output: OutputOptions) -> Problem | None:
     """``output`` against the card: the rows the model can make, ``dims`` within their width
     (Matryoshka prefixes), the kind within its task, a prompt left out only where its pooling
     leaves it out. The codec already checked the options alone (``OutputOptions.check``)."""
-    width, per = model.dims, ""
-    if output.rows in SPAN_ROWS:
-        problem = span_model_problem(model, _SPAN_OUTPUTS[output.rows])
+    dims = output.dims
+    if output.rows != "sequence":
+        problem = _rows_problem(model, output)
         if problem is not None:
             return problem
-        if output.rows == "multivector":
-            # The head's width, not the pooled one: past it the worker's batch would fail.
-            if model.multivector_dims <= 0:
-                return Problem(
-                    f"model {model.name!r} has no multi-vector head (bge-m3's colbert_linear)",
-                    "model",
-                )
-            width, per = model.multivector_dims, " per token"
-    dims = output.dims
-    if dims is not None and not 1 <= dims <= width:
-        return Problem(
-            f"'dimensions' must be between 1 and {width}{per} for model {model.name!r}; got {dims}",
-            "dimensions",
-        )
+    elif dims is not None and not 1 <= dims <= model.dims:
+        return _dims_problem(model, dims, model.dims)
     # A lexical embedder (bge-m3) gives both; a SPLADE model only sparse weights.
     if (output.kind == "sparse") != (model.task == "sparse") and not model.lexical:
         does = "gives sparse weights only" if model.task == "sparse" else "has no sparse weights"
@@ -116,6 +104,31 @@ def output_problem(model: ModelInfo, output: OutputOptions) -> Problem | None:
             "pool_skip is for models whose pooling leaves the prompt out; this one pools it"
         )
     return None
+
+
+def _rows_problem(model: ModelInfo, output: OutputOptions) -> Problem | None:
+    """Span rows: a model that makes them and, for a multi-vector head's, ``dims`` within the
+    head's width (not the pooled one: past it the worker's batch would fail)."""
+    problem = span_model_problem(model, _SPAN_OUTPUTS[output.rows])
+    if problem is not None:
+        return problem
+    width, per = model.dims, ""
+    if output.rows == "multivector":
+        if model.multivector_dims <= 0:
+            return Problem(
+                f"model {model.name!r} has no multi-vector head (bge-m3's colbert_linear)",
+                "model",
+            )
+        width, per = model.multivector_dims, " per token"
+    dims = output.dims
+    return None if dims is None or 1 <= dims <= width else _dims_problem(model, dims, width, per)
+
+
+def _dims_problem(model: ModelInfo, dims: int, width: int, per: str = "") -> Problem:
+    return Problem(
+        f"'dimensions' must be between 1 and {width}{per} for model {model.name!r}; got {dims}",
+        "dimensions",
+    )
 
 
 def ids_problem(model: ModelInfo, ids: np.ndarray, lowest: int, highest: int) -> Problem | None:
@@ -180,12 +193,11 @@ def submit_problem(model: ModelInfo, msg: SubmitRequest, lengths: np.ndarray) ->
         return Problem(
             f"model {model.name!r} embeds texts; pairs are for cross-encoders (rerank, predict)"
         )
-    # The codec let through only rising offsets: no sequence is empty, so one reduction.
-    problem = (
-        size_problem(len(lengths), len(msg.token_ids))
-        or lengths_problem(model, lengths, 1, most(lengths))
-        or pool_skip_problem(model, msg.output.pool_skip, lengths)
-    )
+    # The codec let through only rising offsets (no sequence is empty: one reduction) and no
+    # more sequences or tokens than a message may carry (``size_problem``).
+    problem = lengths_problem(model, lengths, 1, most(lengths))
+    if problem is None and msg.output.pool_skip:
+        problem = pool_skip_problem(model, msg.output.pool_skip, lengths)
     if problem is not None:
         return problem
     # One pass over the ids (len >= 1: every sequence holds a token); negatives are the codec's.
