@@ -72,9 +72,8 @@ def span_model_problem(model: ModelInfo, what: str) -> Problem | None:
     """Span rows (``what``: the output they make) need an embedder that says its hidden width
     (a worker from before spans does not)."""
     if model.task != "embed":
-        return Problem(
-            f"model {model.name!r} is a cross-encoder; {what} needs an embedder", "model"
-        )
+        kind = "a cross-encoder" if model.task == "score" else "a sparse (SPLADE) model"
+        return Problem(f"model {model.name!r} is {kind}; {what} needs an embedder", "model")
     if model.hidden_size <= 0:
         return Problem(
             f"the workers of model {model.name!r} do not serve {what} (upgrade them)", "model"

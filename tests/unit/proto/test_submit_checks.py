@@ -117,6 +117,8 @@ def test_a_prompt_left_out_must_leave_each_sequence_a_token():
         (CARD, SPARSE, "model", "has no sparse weights"),
         (SPLADE, OutputOptions(), "model", "gives sparse weights only"),
         (SCORER, OutputOptions(rows="spans"), "model", "is a cross-encoder"),
+        (SPLADE, OutputOptions(kind="sparse", top_k=8, rows="spans"), "model",
+         "is a sparse (SPLADE) model; span rows"),
         (dataclasses.replace(CARD, hidden_size=0), OutputOptions(rows="spans"), "model",
          "do not serve"),
         (CARD, OutputOptions(rows="multivector"), "model", "no multi-vector head"),
