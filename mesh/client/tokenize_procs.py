@@ -60,9 +60,6 @@ MAX_RESTARTS = 5
 # process killed outright (nothing of it runs after SIGKILL) is removed by the next pool.
 DIR_PREFIX = "embedmesh-tokenizers-"
 
-# Children's tokenizers, by digest (set in each child process, never in the parent).
-_CHILD_TOKENIZERS: dict[str, Encoder] = {}
-
 
 def _child_start(nice: int, parent: int, sched_idle: bool) -> None:
     """In each child, once: lower its priority (``nice``, and SCHED_IDLE when ``sched_idle``:
@@ -106,6 +103,10 @@ class Encoder(Protocol):
 # Builds a child's encoder from a tokenizer.json and its model; pickled by reference (a class
 # or a module-level function), so the child imports its module on the first chunk.
 Build = Callable[[bytes, ModelInfo], Encoder]
+
+
+# Children's tokenizers, by digest (set in each child process, never in the parent).
+_CHILD_TOKENIZERS: dict[str, Encoder] = {}
 
 
 def _child_encode(
