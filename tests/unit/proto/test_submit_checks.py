@@ -26,13 +26,13 @@ SPARSE = OutputOptions(normalize=False, kind="sparse", top_k=8)
 
 
 def _submit(
-    lengths: list[int], output: OutputOptions | None = None, token: int = 1000, **more: object
+    lengths: list[int], output: OutputOptions | None = None, token: int = 1000, **more: np.ndarray
 ) -> SubmitRequest:
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     return SubmitRequest(
         cid=1, model="mini", lane=Lane.INTERACTIVE, timeout_ms=None,
         output=output or OutputOptions(), token_ids=np.full(int(offsets[-1]), token, np.int32),
-        offsets=offsets, **more,  # type: ignore[arg-type]
+        offsets=offsets, **more,
     )  # fmt: skip
 
 
