@@ -2,8 +2,8 @@
 
 A numpy reduction costs 2-3 µs whatever the size (2-core VM); ``max(values.tolist())``
 costs 0.6 µs at 16 entries and about as much as numpy near 64. The wire's checks
-(``messages``), the broker's card checks (``mesh.broker.trust``) and the client's
-(``mesh.client.request``) run a few of these per query, so arrays of at most ``SMALL``
+(``messages``) and the submit check against the model card (``checks``, run by the client
+and again by the broker) run a few of these per query, so arrays of at most ``SMALL``
 entries are reduced in Python and longer ones in numpy.
 """
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from mesh.config import RATE_MIN_BATCH_TOKENS
 from proto_msgs import ModelInfo, WorkerReady
+from proto_msgs.checks import find_model
 
 
 @dataclass(slots=True)
@@ -107,12 +108,10 @@ class Registry:
 
     def resolve(self, name: str) -> str | None:
         """Canonical model name for a name or alias, among models ever announced."""
-        if name in self.known_models:
+        if name in self.known_models:  # the common case, without a scan
             return name
-        for model in self.known_models.values():
-            if name in model.aliases:
-                return model.name
-        return None
+        model = find_model(self.known_models.values(), name)
+        return None if model is None else model.name
 
     def with_credit(self, model: str) -> list[WorkerState]:
         """Workers of ``model`` with a free credit, most free first, rotating among ties so

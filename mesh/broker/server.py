@@ -22,7 +22,7 @@ from mesh.broker.batches import plan_batch, result_chunks
 from mesh.broker.inflight import InFlight, InFlightBatch
 from mesh.broker.queue import FormedBatch, Overloaded, Queue, Request, RequestTooLarge
 from mesh.broker.registry import Registry, WorkerState
-from mesh.broker.trust import PeerWarnings, card_differences, submit_problem
+from mesh.broker.trust import PeerWarnings, card_differences
 from mesh.config import (
     AGING_S,
     BATCH_TIMEOUT_S,
@@ -58,6 +58,7 @@ from proto_msgs import (
     decode,
     encode,
 )
+from proto_msgs.checks import submit_problem
 
 log = logging.getLogger("embedmesh.broker")
 
@@ -238,9 +239,10 @@ class Broker:
         # Once: the check and the queue's prefix sums share it. np.diff's own overhead was 3x
         # this subtraction's on a one-text query.
         lengths = msg.offsets[1:] - msg.offsets[:-1]
-        problem = submit_problem(msg, self.registry.known_models[model], lengths)
+        # The client's own check (proto_msgs.checks), again: any peer may send a submit.
+        problem = submit_problem(self.registry.known_models[model], msg, lengths)
         if problem is not None:
-            return ErrorCode.INVALID_INPUT, problem, None
+            return problem.code, problem.message, None
         deadline = now + msg.timeout_ms / 1000 if msg.timeout_ms is not None else None
         request = Request(
             key=(identity, msg.cid),

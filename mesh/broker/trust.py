@@ -1,17 +1,14 @@
-"""What the broker checks of what arrives on its sockets, against the served model's card.
+"""What the broker checks of its peers beyond one message: cards that must agree, peers warned.
 
-The broker's sockets are a trust boundary: an ingress may run on another host, and a submit
-that reached the queue is batched with other clients' work. So the cheap invariants a worker
-would otherwise trip on are checked here, once per submit, and a request that breaks one is
-answered alone; the worker then trusts what the broker sends it.
+The broker's sockets are a trust boundary. A submit is checked against its model's card by the
+same rules the client applied before sending (``proto_msgs.checks.submit_problem``); here are
+the rules about workers' cards (two workers serving one name must promise the same) and the
+bounded memory of peers already warned about.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from proto_msgs import ModelInfo, SubmitRequest
-from proto_msgs.small_arrays import least, most
+from proto_msgs import ModelInfo
 
 WARNED_PEERS_MAX = 4096  # peers remembered as already warned about; older ones may warn again
 
@@ -33,45 +30,6 @@ CARD_FIELDS = (
     "multivector_dims",  # a worker without the head would fail a batch of colbert vectors
     "late_interaction",  # a ColBERT model's markers and lengths: other ones, other vectors
 )
-
-
-def submit_problem(msg: SubmitRequest, info: ModelInfo, lengths: np.ndarray) -> str | None:
-    """Why ``msg`` cannot be served by ``info``'s model, said so the client can fix it; None
-    when it can. ``lengths`` is ``msg.offsets[1:] - msg.offsets[:-1]``, computed once by the caller.
-
-    The codec already checked the shapes (offsets rise from 0 to len(token_ids), ids >= 0).
-    """
-    dims = msg.output.dims
-    if msg.output.rows == "multivector":
-        # The head's width, not the pooled one: past it the worker's batch would fail.
-        if info.multivector_dims <= 0:
-            return f"model {info.name!r} has no multi-vector head"
-        if dims is not None and dims > info.multivector_dims:
-            return f"dimensions {dims} is over the model's {info.multivector_dims} per token"
-    elif dims is not None and dims > info.dims:
-        return f"dimensions {dims} is over the model's {info.dims}; ask for at most {info.dims}"
-    # A lexical embedder (bge-m3) gives both; a SPLADE model only sparse weights.
-    if (msg.output.kind == "sparse") != (info.task == "sparse") and not info.lexical:
-        does = "gives sparse weights only" if info.task == "sparse" else "has no sparse weights"
-        return f"model {info.name!r} {does}; output kind {msg.output.kind!r} does not fit it"
-    if msg.segment_b_start is not None and info.task != "score":
-        return f"model {info.name!r} embeds texts; pairs are for cross-encoders (rerank, predict)"
-    skip = msg.output.pool_skip
-    if skip and info.include_prompt:
-        return "pool_skip is for models whose pooling leaves the prompt out; this one pools it"
-    if skip and least(lengths) <= skip:
-        return f"pool_skip {skip} leaves no token of a sequence to pool"
-    longest = most(lengths)
-    if longest > info.max_input_tokens:
-        return (
-            f"a sequence of {longest} tokens is over the model's limit of "
-            f"{info.max_input_tokens}; shorten or truncate it"
-        )
-    # One pass over the ids; len >= 1 because every sequence holds a token.
-    highest = most(msg.token_ids)
-    if highest >= info.vocab_size:
-        return f"token id {highest} is outside the vocabulary (ids must be below {info.vocab_size})"
-    return None
 
 
 def card_differences(served: ModelInfo, offered: ModelInfo) -> list[str]:

@@ -53,6 +53,7 @@ from proto_msgs import (
     OutputOptions,
     SubmitRequest,
 )
+from proto_msgs.checks import find_model
 
 __all__ = ["EmbedResult", "MeshClient", "ValidRequest"]
 
@@ -115,7 +116,9 @@ class MeshClient:
         """Wait until a broker is reachable (and serves ``model``, if given)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if any(b.alive and (model is None or _find(b.models, model)) for b in self.brokers):
+            if any(
+                b.alive and (model is None or find_model(b.models, model)) for b in self.brokers
+            ):
                 return
             await asyncio.sleep(0.05)
         raise Unavailable(f"no broker serving {model or 'anything'} within {timeout_s}s")
@@ -172,7 +175,7 @@ class MeshClient:
         if not any(b.alive for b in self.brokers):
             raise Unavailable("no broker is reachable; retry later")
         served = self.models()
-        model = _find(served, name)
+        model = find_model(served, name)
         if model is None:
             if self.seen.find(name) is not None:
                 raise Unavailable(f"no worker serves model {name!r} right now; retry later")
@@ -438,11 +441,11 @@ class MeshClient:
         self, model: ModelInfo, timeout_s: float | None
     ) -> tuple[list[BrokerStats | None], float]:
         """The stats of the live brokers serving ``model``, and the timeout in force."""
-        serving = [b.stats for b in self.brokers if b.alive and _find(b.models, model.name)]
+        serving = [b.stats for b in self.brokers if b.alive and find_model(b.models, model.name)]
         return serving, self.default_timeout_s if timeout_s is None else timeout_s
 
     def _pick(self, model: str) -> BrokerConnection:
-        live = [b for b in self.brokers if b.alive and _find(b.models, model)]
+        live = [b for b in self.brokers if b.alive and find_model(b.models, model)]
         if not live:
             raise Unavailable(f"no live broker has a worker for {model!r}")
         return min(live, key=lambda b: b.outstanding_tokens)
@@ -455,10 +458,3 @@ def _chars(item: ScoreInput) -> int:
 def _expire(future: asyncio.Future[EmbedResult], timeout_s: float) -> None:
     if not future.done():
         future.set_exception(DeadlineExceeded(f"no result within {timeout_s}s"))
-
-
-def _find(models: list[ModelInfo], name: str) -> ModelInfo | None:
-    for m in models:
-        if m.name == name or name in m.aliases:
-            return m
-    return None

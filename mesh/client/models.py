@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 from proto_msgs import ModelInfo
+from proto_msgs.checks import find_model
 
 # How long a model with no worker is remembered (503 and a red /health), then forgotten (404,
 # and /health no longer waits for it). Longer than a worker restart or a rolling deploy
@@ -48,11 +49,9 @@ class ModelBook:
             del self._models[name]
 
     def find(self, name: str) -> SeenModel | None:
-        """The model called ``name`` or with that alias."""
-        seen = self._models.get(name)
-        if seen is not None:
-            return seen
-        return next((m for m in self._models.values() if name in m.info.aliases), None)
+        """The model called ``name`` or with that alias (``proto_msgs.checks.find_model``)."""
+        info = find_model((m.info for m in self._models.values()), name)
+        return None if info is None else self._models[info.name]
 
     def names(self) -> list[str]:
         return list(self._models)

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from mesh.client.request import over_limit_message
 from mesh.client.tokenize import (
     GROWTH,
     INLINE_MAX_CHARS,
@@ -40,6 +39,7 @@ from mesh.client.tokenize import (
 )
 from mesh.errors import InvalidInput
 from proto_msgs import Lane
+from proto_msgs.checks import over_limit_message
 
 ScoreInput = str | tuple[str, str]  # a single text, or a (query, passage) pair
 

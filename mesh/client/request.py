@@ -3,12 +3,14 @@ trust it (TEI's ``ValidEncoding``, vLLM's ``EngineCoreRequest``).
 
 A ``ValidRequest`` carries the resolved model card and everything ready to send: int32 ids and
 offsets, the per-sequence lengths (computed once, here), the output options and the lane.
-``MeshClient.submit`` sends it without resolving or checking again; the broker re-checks only the
-cheap invariants of what arrives on its socket (its own trust boundary).
+``MeshClient.submit`` sends it without resolving or checking again; the broker applies the same
+check against the card to what arrives on its socket (its own trust boundary).
 
 Two ways in: ``valid_tokens`` for ids a caller gives (every check, once each), and
 ``valid_tokenized`` for ids our tokenizer produced (in the vocabulary and within the limit by
-construction, so only the options are checked).
+construction, so only the options are checked). The rules against the model's card are the
+broker's own, written once in ``proto_msgs.checks``; here their problems become typed errors
+(``refuse``) naming the field at fault.
 """
 
 from __future__ import annotations
@@ -19,8 +21,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from mesh.config import SPARSE_TOP_K, SPARSE_TOP_K_MAX
-from mesh.errors import InvalidInput
+from mesh.errors import InvalidInput, error_from_code
 from proto_msgs import OUTPUT_KINDS, Lane, ModelInfo, OutputOptions
+from proto_msgs.checks import (
+    Problem,
+    ids_problem,
+    lengths_problem,
+    output_problem,
+    pool_skip_problem,
+    size_problem,
+)
+from proto_msgs.checks import over_limit_message as over_limit_message
 from proto_msgs.small_arrays import bounds
 
 # Requests of more tokens than this go to the broker's BATCH lane, smaller ones to INTERACTIVE,
@@ -104,12 +115,9 @@ def output_options(
         raise InvalidInput(
             f"unknown output kind {kind!r}; use one of {sorted(OUTPUT_KINDS)}", param="kind"
         )
-    if dims is not None and not 1 <= dims <= model.dims:
-        raise InvalidInput(
-            f"'dimensions' must be between 1 and {model.dims} for model {model.name!r}; got {dims}",
-            param="dimensions",
-        )
-    return OutputOptions(dims=dims, normalize=normalize, kind=kind)
+    output = OutputOptions(dims=dims, normalize=normalize, kind=kind)
+    refuse(output_problem(model, output))
+    return output
 
 
 def sparse_options(
@@ -127,7 +135,18 @@ def sparse_options(
         raise InvalidInput(
             f"'threshold' must be a number >= 0; got {threshold!r}", param="threshold"
         )
-    return OutputOptions(normalize=False, kind="sparse", top_k=top_k, threshold=float(threshold))
+    output = OutputOptions(normalize=False, kind="sparse", top_k=top_k, threshold=float(threshold))
+    refuse(output_problem(model, output))
+    return output
+
+
+def refuse(problem: Problem | None) -> None:
+    """Raise ``problem`` (``proto_msgs.checks``) as the typed error of its code, naming its
+    field; nothing when there is none."""
+    if problem is not None:
+        error = error_from_code(problem.code, problem.message)
+        error.param = problem.param
+        raise error
 
 
 def check_task(model: ModelInfo, task: str) -> None:
@@ -191,13 +210,7 @@ def prompt_skip(
 ) -> OutputOptions:
     """``output`` leaving the prompt's ``skip`` tokens out of the pooling (a model whose
     pooling excludes the prompt); InvalidInput when the limit left an input nothing else."""
-    short = np.flatnonzero(lengths <= skip)
-    if short.size:
-        raise InvalidInput(
-            f"input[{int(short[0])}] keeps no token after the prompt's {skip} within the "
-            f"{model.max_input_tokens}-token limit of model {model.name!r}",
-            param="input",
-        )
+    refuse(pool_skip_problem(model, skip, lengths))
     return dataclasses.replace(output, pool_skip=skip)
 
 
@@ -221,26 +234,18 @@ def valid_tokens(
         raise InvalidInput("offsets must start at 0 and end at the number of tokens", param="input")
     # In the caller's width, before the int32 cast could wrap 2**32 + 5 into the vocabulary.
     lowest, highest = bounds(raw) if raw.size else (0, 0)
-    if lowest < 0 or highest >= model.vocab_size:
-        bad = int(np.flatnonzero((raw < 0) | (raw >= model.vocab_size))[0])
-        raise InvalidInput(
-            f"token id {int(raw[bad])} is outside the vocabulary of {model.name!r} "
-            f"(0..{model.vocab_size - 1})",
-            param="input",
-        )
+    refuse(ids_problem(model, raw, lowest, highest))
     wide = offsets.astype(np.int64)
     lengths = wide[1:] - wide[:-1]  # np.diff's own overhead is 3x this subtraction's
     shortest, longest = bounds(lengths)
-    if shortest < 1:
-        raise InvalidInput(f"input[{int(np.argmin(lengths))}] is empty", param="input")
     ids = np.ascontiguousarray(raw, dtype=np.int32)
     offsets = np.ascontiguousarray(offsets, dtype=np.int32)
-    limit = model.max_input_tokens
-    if longest > limit:
-        if not truncate:
-            i = int(np.argmax(lengths > limit))
-            raise InvalidInput(over_limit_message(i, model, int(lengths[i])), param="input")
-        ids, offsets, lengths = truncate_tokens(ids, offsets, lengths, limit)
+    if truncate and shortest >= 1 and longest > model.max_input_tokens:
+        ids, offsets, lengths = truncate_tokens(ids, offsets, lengths, model.max_input_tokens)
+        longest = model.max_input_tokens
+    refuse(
+        size_problem(len(lengths), len(ids)) or lengths_problem(model, lengths, shortest, longest)
+    )
     lengths = lengths.astype(np.int32)
     return ValidRequest(model, ids, offsets, lengths, output, lane_for(len(ids), lane))
 
@@ -253,20 +258,10 @@ def valid_tokenized(
     lane: int | None,
 ) -> ValidRequest:
     """Ids our tokenizer produced (int32, lengths in 1..limit by construction)."""
+    refuse(size_problem(len(lengths), len(token_ids)))
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     return ValidRequest(model, token_ids, offsets, lengths, output, lane_for(len(token_ids), lane))
-
-
-def over_limit_message(i: int, model: ModelInfo, tokens: int | None = None) -> str:
-    """One wording for an over-long input, whether its exact length is known or not (texts are
-    cut before tokenizing, so theirs is not: counting would mean tokenizing all of it)."""
-    count = f"{tokens} tokens, more than" if tokens is not None else "more than"
-    return (
-        f"input[{i}] has {count} {model.max_input_tokens} tokens, the limit of model "
-        f"{model.name!r}; shorten it or ask for truncation (the server's --auto-truncate, "
-        f"or MeshClient's truncate=True)"
-    )
 
 
 def truncate_tokens(

@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from mesh.client.request import ValidRequest, check_task, lane_for, output_options
+from mesh.client.request import ValidRequest, check_task, lane_for, output_options, refuse
 from mesh.client.tokenize import ModelTokenizer
 from mesh.errors import InvalidInput, TooLarge
 from proto_msgs import ModelInfo, OutputOptions
+from proto_msgs.checks import output_problem, span_model_problem
 
 if TYPE_CHECKING:
     from mesh.client.client import MeshClient
@@ -57,14 +58,7 @@ class Documents:
 def check_span_model(model: ModelInfo, what: str) -> None:
     """InvalidInput unless span rows of ``model`` are what ``what`` promises: the model must
     embed (no cross-encoder) and say its hidden width (a worker from before spans does not)."""
-    if model.task != "embed":
-        raise InvalidInput(f"model {model.name!r} is a cross-encoder; {what} needs an embedder",
-                           param="model")  # fmt: skip
-    if model.hidden_size <= 0:
-        raise InvalidInput(
-            f"the workers of model {model.name!r} do not serve {what} (upgrade them)",
-            param="model",
-        )
+    refuse(span_model_problem(model, what))
 
 
 def check_mean_pooled(model: ModelInfo) -> None:
@@ -210,12 +204,9 @@ def multi_vector(valid: ValidRequest) -> ValidRequest:
     ``MAX_TOKEN_VECTOR_VALUES`` numbers, as for /embed_all."""
     model = valid.model
     check_span_model(model, "multi-vector embeddings")
+    output = OutputOptions(dims=None, normalize=True, kind="float32", rows="multivector")
+    refuse(output_problem(model, output))  # the head, and the kind within its task
     width = model.multivector_dims
-    if width <= 0:
-        raise InvalidInput(
-            f"model {model.name!r} has no multi-vector head (bge-m3's colbert_linear)",
-            param="model",
-        )
     if valid.lengths.size and int(valid.lengths.min()) < 2:
         raise InvalidInput("an input of one token has no vector after its first token",
                            param="inputs")  # fmt: skip
@@ -227,7 +218,6 @@ def multi_vector(valid: ValidRequest) -> ValidRequest:
             param="inputs",
         )
     spans, span_offsets = token_spans(valid.lengths, first=1)
-    output = OutputOptions(dims=None, normalize=True, kind="float32", rows="multivector")
     return dataclasses.replace(valid, output=output, spans=spans, span_offsets=span_offsets)
 
 

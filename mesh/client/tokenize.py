@@ -40,13 +40,13 @@ from tokenizers import Encoding, Tokenizer
 
 from mesh.client.ascii_shortcut import AsciiShortcut
 from mesh.client.executor import PriorityExecutor
-from mesh.client.request import over_limit_message
 from mesh.client.tokenize_procs import BrokenProcessPool, BulkProcesses
 from mesh.client.word_memo import WordMemo
 from mesh.config import BULK_NICE, BULK_SCHED
 from mesh.env_knobs import switch_from_env
 from mesh.errors import InvalidInput
 from proto_msgs import Lane, ModelInfo
+from proto_msgs.checks import over_limit_message
 
 log = logging.getLogger("embedmesh.client")
 
@@ -386,7 +386,8 @@ class TokenizerPool:
         assert self._procs is not None and tok.digest is not None
         pool = None
         try:
-            pool, job = self._procs.submit(tok.digest, tok.model, texts, truncate, first)
+            args = (tok.digest, tok.model, texts, truncate, first)
+            pool, job = self._procs.submit(ModelTokenizer, *args)
             return await asyncio.wrap_future(job)
         except (BrokenProcessPool, OSError) as exc:
             if pool is not None and isinstance(exc, BrokenProcessPool):

@@ -40,8 +40,10 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -57,9 +59,6 @@ MAX_RESTARTS = 5
 # Each pool's tokenizer files live in a temp folder named after its process: one left by a
 # process killed outright (nothing of it runs after SIGKILL) is removed by the next pool.
 DIR_PREFIX = "embedmesh-tokenizers-"
-
-# Children's tokenizers, by digest (set in each child process, never in the parent).
-_CHILD_TOKENIZERS: dict[str, object] = {}
 
 
 def _child_start(nice: int, parent: int, sched_idle: bool) -> None:
@@ -92,17 +91,39 @@ def _exit_with(parent: int) -> None:
     os._exit(0)
 
 
-def _child_encode(
-    digest: str, path: str, model: ModelInfo, texts: list[str], truncate: bool, first: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """In a child: ``ModelTokenizer.encode`` of ``texts`` with the tokenizer of ``digest``
-    (loaded from ``path`` the first time). Its errors (InvalidInput) pickle back as they are."""
-    from mesh.client.tokenize import ModelTokenizer  # the child's own import, not at spawn
+class Encoder(Protocol):
+    """What a child tokenizes with: ``mesh.client.tokenize.ModelTokenizer``, given by the
+    caller (this module imports no tokenizer: the pool's module imports this one)."""
 
+    def encode(
+        self, texts: list[str], truncate: bool, first: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+# Builds a child's encoder from a tokenizer.json and its model; pickled by reference (a class
+# or a module-level function), so the child imports its module on the first chunk.
+Build = Callable[[bytes, ModelInfo], Encoder]
+
+
+# Children's tokenizers, by digest (set in each child process, never in the parent).
+_CHILD_TOKENIZERS: dict[str, Encoder] = {}
+
+
+def _child_encode(
+    build: Build,
+    digest: str,
+    path: str,
+    model: ModelInfo,
+    texts: list[str],
+    truncate: bool,
+    first: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """In a child: ``encode`` of ``texts`` with the tokenizer of ``digest`` (built by ``build``
+    from ``path`` the first time). Its errors (InvalidInput) pickle back as they are."""
     tok = _CHILD_TOKENIZERS.get(digest)
     if tok is None:
-        tok = _CHILD_TOKENIZERS[digest] = ModelTokenizer(Path(path).read_bytes(), model)
-    return tok.encode(texts, truncate, first)  # type: ignore[attr-defined]
+        tok = _CHILD_TOKENIZERS[digest] = build(Path(path).read_bytes(), model)
+    return tok.encode(texts, truncate, first)
 
 
 def _remove_orphaned_dirs() -> None:
@@ -153,9 +174,16 @@ class BulkProcesses:
             self._get_pool()
 
     def submit(
-        self, digest: str, model: ModelInfo, texts: list[str], truncate: bool, first: int
+        self,
+        build: Build,
+        digest: str,
+        model: ModelInfo,
+        texts: list[str],
+        truncate: bool,
+        first: int,
     ) -> tuple[Pool, concurrent.futures.Future[tuple[np.ndarray, np.ndarray]]]:
-        """One chunk to a child: the pool it went to and its future. Raises BrokenProcessPool
+        """One chunk to a child, tokenized by the encoder ``build`` makes of the tokenizer of
+        ``digest``: the pool it went to and its future. Raises BrokenProcessPool
         when the pool broke (the caller runs the chunk elsewhere and calls ``broken``) and
         RuntimeError once closed."""
         pool = self._get_pool()
@@ -164,7 +192,7 @@ class BulkProcesses:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(self._json[digest])
         try:
-            args = (digest, str(path), model, texts, truncate, first)
+            args = (build, digest, str(path), model, texts, truncate, first)
             return pool, pool.submit(_child_encode, *args)
         except BrokenProcessPool as exc:  # broke before this chunk: the same as under it
             self.broken(pool, exc)

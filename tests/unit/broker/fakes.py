@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import deque
 from typing import Any
@@ -16,6 +17,7 @@ from proto_msgs import (
     Message,
     ModelInfo,
     OutputOptions,
+    RequestResult,
     SubmitRequest,
     WorkerReady,
     decode,
@@ -79,6 +81,7 @@ def card(name: str = MODEL, **changes: Any) -> ModelInfo:
         pooling="mean",
         normalize=True,
         tokenizer_digest=hashlib.sha256(b"{}").hexdigest(),
+        hidden_size=DIMS,  # it serves span rows
     )
     return ModelInfo(**{**fields, **changes})
 
@@ -147,4 +150,22 @@ class Harness:
 
     def submit(self, msg: SubmitRequest) -> None:
         self.front.push(INGRESS, msg)
+        self.pump()
+
+    def answered_chunk(self, **result: Any) -> RequestResult:
+        """The result chunk of a one-sequence request (cid 1) answered by its worker with
+        ``result``'s fields in its BatchResult."""
+        self.submit(submit(1, [3]))
+        [(identity, batch)] = self.back.take(BatchAssign)
+        self.back.push(identity, dataclasses.replace(answer(batch), **result))
+        self.pump()
+        [(_, chunk)] = self.front.take(RequestResult)
+        return chunk
+
+    def make_live(self, cid: int = 100) -> None:
+        """A query (one sequence of id 7) sent, dispatched and answered: the model is live."""
+        self.submit(submit(cid, [4], lane=0, token=7))
+        [(identity, live)] = self.back.take(BatchAssign)
+        assert set(live.token_ids.tolist()) == {7}
+        self.back.push(identity, answer(live))
         self.pump()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mesh.broker.trust import submit_problem
 from proto_msgs import BatchAssign, BatchError, ErrorCode, RequestError, RequestResult
+from proto_msgs.checks import submit_problem
 from proto_msgs.small_arrays import SMALL
-from tests.unit.broker.fakes import DIMS, Harness, answer, card, submit
+from tests.unit.broker.fakes import DIMS, MODEL, Harness, answer, card, ready, submit
 
 
 @pytest.mark.parametrize(
@@ -16,7 +16,7 @@ from tests.unit.broker.fakes import DIMS, Harness, answer, card, submit
     [
         (submit(1, [3], token=100), "vocabulary"),
         (submit(1, [3], dims=DIMS + 1), "dimensions"),
-        (submit(1, [3, 17]), "limit of 16"),
+        (submit(1, [3, 17]), "more than 16 tokens, the limit of model"),
     ],
 )
 def test_a_submit_breaking_the_model_card_is_refused_alone_and_never_batched(bad, says):
@@ -29,6 +29,18 @@ def test_a_submit_breaking_the_model_card_is_refused_alone_and_never_batched(bad
     assert says in errors[0][1].message
     batches = [m for _, m in h.back.take(BatchAssign)]
     assert len(batches) == 1 and batches[0].n == 1  # only the valid request was sent
+
+
+def test_a_submit_by_alias_runs_under_the_models_name_and_an_unknown_name_is_not_found():
+    h = Harness()
+    h.add_worker(b"w1", ready(card(aliases=["org/m"])))
+    h.submit(submit(1, [3], model="org/m"))
+    h.submit(submit(2, [3], model="org/other"))
+    [(_, batch)] = h.back.take(BatchAssign)
+    assert batch.model == MODEL  # the worker gets its own model's name, never an alias
+    [(_, error)] = h.front.take(RequestError)
+    assert (error.cid, error.code) == (2, ErrorCode.MODEL_NOT_FOUND)
+    assert error.message == "model 'org/other' is not served"
 
 
 def test_a_submit_within_the_card_is_served():
@@ -116,17 +128,18 @@ def test_isolation_keeps_the_attempt_cap():
 def test_the_card_checks_read_few_and_many_entries_alike(n):
     """Short arrays are reduced in Python, long ones in numpy: the same answers."""
     info = card()  # a vocabulary of 100, at most 16 tokens
+
+    def problem(msg, model=info) -> str:
+        found = submit_problem(model, msg, msg.offsets[1:] - msg.offsets[:-1])
+        return "" if found is None else found.message
+
     fine = submit(1, [1] * n)
-    assert submit_problem(fine, info, fine.offsets[1:] - fine.offsets[:-1]) is None
+    assert submit_problem(info, fine, fine.offsets[1:] - fine.offsets[:-1]) is None
     outside = submit(1, [1] * n, token=99)
     outside.token_ids[-1] = 100
-    lengths = outside.offsets[1:] - outside.offsets[:-1]
-    assert "token id 100 is outside" in (submit_problem(outside, info, lengths) or "")
+    assert "token id 100 is outside" in problem(outside)
     long = submit(1, [1] * (n - 1) + [17])
-    lengths = long.offsets[1:] - long.offsets[:-1]
-    assert "a sequence of 17 tokens" in (submit_problem(long, info, lengths) or "")
+    assert f"input[{n - 1}] has 17 tokens" in problem(long)
     skipped = submit(1, [2] * (n - 1) + [1])
     skipped.output.pool_skip = 1
-    lengths = skipped.offsets[1:] - skipped.offsets[:-1]
-    problem = submit_problem(skipped, card(include_prompt=False), lengths) or ""
-    assert "leaves no token" in problem
+    assert f"input[{n - 1}] keeps no token" in problem(skipped, card(include_prompt=False))

@@ -7,8 +7,9 @@ import dataclasses
 
 import numpy as np
 
-from mesh.broker.trust import card_differences, submit_problem
+from mesh.broker.trust import card_differences
 from proto_msgs import Lane, ModelInfo, OutputOptions, SubmitRequest
+from proto_msgs.checks import submit_problem
 
 M3 = ModelInfo("m3", [], 64, 128, 1000, "cls", True, "d", hidden_size=64, multivector_dims=48)
 
@@ -24,9 +25,14 @@ def _submit(dims: int | None = None) -> SubmitRequest:
 
 def test_colbert_rows_need_the_head_and_dims_within_its_width() -> None:
     lengths = np.array([3])
-    assert submit_problem(_submit(), M3, lengths) is None
-    assert submit_problem(_submit(48), M3, lengths) is None
-    assert "48 per token" in (submit_problem(_submit(49), M3, lengths) or "")
+
+    def problem(msg: SubmitRequest, model: ModelInfo = M3) -> str:
+        found = submit_problem(model, msg, lengths)
+        return "" if found is None else found.message
+
+    assert submit_problem(M3, _submit(), lengths) is None
+    assert submit_problem(M3, _submit(48), lengths) is None
+    assert "48 per token" in problem(_submit(49))
     plain = dataclasses.replace(M3, multivector_dims=0)
-    assert "no multi-vector head" in (submit_problem(_submit(), plain, lengths) or "")
+    assert "no multi-vector head" in problem(_submit(), plain)
     assert card_differences(M3, plain) == ["multivector_dims"]

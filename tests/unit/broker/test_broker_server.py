@@ -51,10 +51,7 @@ def test_a_live_query_waits_behind_one_held_batch_not_two():
 def test_with_three_credits_live_bulk_comes_in_two_halves_and_one_credit_stays_free():
     h = Harness(aging_s=60.0)
     h.add_worker(msg=ready(credits=3, max_batch_tokens=64))
-    h.submit(submit(100, [4], lane=0, token=7))  # a query first: the model is live
-    [(_, live)] = h.back.take(BatchAssign)
-    h.back.push(b"w1", answer(live))
-    h.pump()
+    h.make_live()  # a query first
     h.submit(submit(1, [16] * 16, lane=1))  # 256 bulk tokens
     # The cap (one batch budget, 64 tokens) in two halves: both go out at once, so the worker
     # has the second to start while the first's reply travels; the third credit stays free.
@@ -75,10 +72,7 @@ def test_with_three_credits_live_bulk_comes_in_two_halves_and_one_credit_stays_f
 def test_while_live_the_last_free_credit_takes_no_bulk_smaller_than_the_cap():
     h = Harness(aging_s=60.0)
     h.add_worker(msg=ready(credits=2, max_batch_tokens=64))
-    h.submit(submit(100, [4], lane=0, token=7))
-    [(_, live)] = h.back.take(BatchAssign)
-    h.back.push(b"w1", answer(live))
-    h.pump()
+    h.make_live()
     h.submit(submit(1, [16], lane=1))  # 16 bulk tokens: far below the 64-token cap
     h.submit(submit(2, [16], lane=1))
     [(_, bulk)] = h.back.take(BatchAssign)
@@ -160,16 +154,15 @@ def test_small_batches_do_not_teach_the_broker_a_workers_rate():
     assert worker.bulk_cap(1.0, 1.0) == 2048  # 1 ms of a 2 M tok/s worker
 
 
-def test_each_result_chunk_carries_the_workers_timings_and_the_brokers_hops():
+def _chunk_with(timings: dict[str, float]) -> RequestResult:
+    """The result chunk of a one-sequence request whose worker said ``timings``."""
     h = Harness()
     h.add_worker()
-    h.submit(submit(1, [3]))
-    [(_, batch)] = h.back.take(BatchAssign)
-    result = answer(batch)
-    result.timings = {"worker_compute": 2.5, "worker_reply": 0.25}
-    h.back.push(b"w1", result)
-    h.pump()
-    [(_, chunk)] = h.front.take(RequestResult)
+    return h.answered_chunk(timings=timings)
+
+
+def test_each_result_chunk_carries_the_workers_timings_and_the_brokers_hops():
+    chunk = _chunk_with({"worker_compute": 2.5, "worker_reply": 0.25})
     hops = {"broker_queue", "broker_worker", "broker_out"}
     assert set(chunk.timings) == {"worker_compute", "worker_reply"} | hops
     assert chunk.timings["worker_compute"] == 2.5
@@ -178,35 +171,21 @@ def test_each_result_chunk_carries_the_workers_timings_and_the_brokers_hops():
 
 
 def test_a_worker_that_names_too_many_timings_gets_none_forwarded():
-    h = Harness()
-    h.add_worker()
-    h.submit(submit(1, [3]))
-    [(_, batch)] = h.back.take(BatchAssign)
-    result = answer(batch)
-    result.timings = {f"t{i}": 1.0 for i in range(1000)}
-    h.back.push(b"w1", result)
-    h.pump()
-    [(_, chunk)] = h.front.take(RequestResult)
+    chunk = _chunk_with({f"t{i}": 1.0 for i in range(1000)})
     assert set(chunk.timings) == {"broker_queue", "broker_worker", "broker_out"}
 
 
 def test_a_worker_timing_with_a_name_or_value_unfit_for_a_header_is_not_forwarded():
     # The ingress writes the names into the x-embedmesh-timings header: a CR/LF there made
     # aiohttp drop the connection of every request that asked for timings.
-    h = Harness()
-    h.add_worker()
-    h.submit(submit(1, [3]))
-    [(_, batch)] = h.back.take(BatchAssign)
-    result = answer(batch)
-    result.timings = {
-        "worker_compute": 2.5,
-        "x\r\nSet-Cookie: a": 1.0,
-        "a,b=c": 1.0,
-        "worker_wait": float("nan"),
-    }
-    h.back.push(b"w1", result)
-    h.pump()
-    [(_, chunk)] = h.front.take(RequestResult)
+    chunk = _chunk_with(
+        {
+            "worker_compute": 2.5,
+            "x\r\nSet-Cookie: a": 1.0,
+            "a,b=c": 1.0,
+            "worker_wait": float("nan"),
+        }
+    )
     assert set(chunk.timings) == {"worker_compute", "broker_queue", "broker_worker", "broker_out"}
 
 
@@ -416,10 +395,7 @@ def test_the_catalog_reports_the_largest_batch_budget_among_live_workers():
 def test_a_worker_with_a_live_lane_keeps_a_credit_for_queries_and_bulk_is_not_capped():
     h = Harness(aging_s=60.0)
     h.add_worker(msg=ready(credits=3, max_batch_tokens=64, live_credits=1, live_tokens=16))
-    h.submit(submit(100, [4], lane=0, token=7))  # a query first: the model is live
-    [(_, live)] = h.back.take(BatchAssign)
-    h.back.push(b"w1", answer(live))
-    h.pump()
+    h.make_live()  # a query first
     h.submit(submit(1, [16] * 16, lane=1))  # 256 bulk tokens
     # Live, yet bulk takes two whole batches (no cap), and the third credit stays free.
     bulk = [m for _, m in h.back.take(BatchAssign)]

@@ -42,7 +42,7 @@ def test_other_skips_share_a_batch_in_other_output_groups() -> None:
     ("include_prompt", "lengths", "skip", "says"),
     [
         (True, [5], 2, "pools it"),
-        (False, [5, 2], 2, "leaves no token"),
+        (False, [5, 2], 2, "input[1] keeps no token after the prompt's 2"),
     ],
 )
 def test_a_skip_the_model_cannot_take_is_refused(include_prompt, lengths, skip, says) -> None:

@@ -9,7 +9,8 @@ import pytest
 
 from mesh.client import MeshClient
 from mesh.errors import InvalidInput, ModelNotFound, Overloaded, Unavailable
-from proto_msgs import BrokerStats, Lane, ModelInfo
+from proto_msgs import BrokerStats, Lane, ModelInfo, OutputOptions, SubmitRequest
+from proto_msgs.checks import submit_problem
 from proto_msgs.small_arrays import SMALL
 
 MODEL = ModelInfo(
@@ -45,6 +46,29 @@ def test_bad_ids_and_options_are_refused_before_anything_is_sent(client: MeshCli
         client.prepare_tokens(ids, offsets, "tiny")
     with pytest.raises(InvalidInput, match="between 1 and 8"):
         client.prepare_tokens(np.array([1]), np.array([0, 1]), "tiny", dims=9)
+
+
+@pytest.mark.parametrize(
+    ("ids", "offsets", "dims"),
+    [
+        ([1, 200], [0, 2], None),  # outside the vocabulary
+        ([1, 2, 3, 4, 5, 6], [0, 1, 6], None),  # input[1] over the limit of 4
+        ([1], [0, 1], 9),  # dimensions over the width of 8
+    ],
+)
+def test_the_client_refuses_early_what_the_broker_would_in_the_same_words(
+    client: MeshClient, ids: list[int], offsets: list[int], dims: int | None
+) -> None:
+    """One check (proto_msgs.checks): a request that bypassed the client meets the same rule."""
+    with pytest.raises(InvalidInput) as refused:
+        client.prepare_tokens(np.array(ids), np.array(offsets), "tiny", dims=dims)
+    raw = SubmitRequest(
+        cid=1, model="org/tiny", lane=0, timeout_ms=None, output=OutputOptions(dims=dims),
+        token_ids=np.array(ids, np.int32), offsets=np.array(offsets, np.int32),
+    )  # fmt: skip
+    problem = submit_problem(MODEL, raw, raw.offsets[1:] - raw.offsets[:-1])
+    assert problem is not None
+    assert (refused.value.message, refused.value.param) == (problem.message, problem.param)
 
 
 @pytest.mark.parametrize("n", [2, SMALL, SMALL + 1])

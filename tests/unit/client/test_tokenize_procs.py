@@ -4,6 +4,7 @@ costs no request."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import signal
@@ -123,7 +124,18 @@ async def test_closing_removes_the_tokenizer_files() -> None:
     pool.close()
     assert not folder.exists()
     with pytest.raises(RuntimeError):
-        pool._procs.submit("d", INFO, TEXTS, True, 0)
+        pool._procs.submit(type(tok), "d", INFO, TEXTS, True, 0)
+
+
+def test_the_process_pool_imports_no_tokenizer_module() -> None:
+    """No import cycle: the pool's module (tokenize) imports this one and hands it the
+    encoder to build in each child; this one never imports it back, not even in a function."""
+    from mesh.client import tokenize_procs
+
+    tree = ast.parse(Path(tokenize_procs.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "mesh.client.tokenize" not in imported and "proto_msgs" in imported
 
 
 def test_the_ingress_tokenizes_bulk_in_processes_unless_told_otherwise(monkeypatch) -> None:
