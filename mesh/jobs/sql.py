@@ -30,11 +30,13 @@ from mesh.jobs.objects import (
     window_seconds,
 )
 from mesh.jobs.store import (
+    DEFAULT_CHUNK_LINES,
     DEFAULT_LEASE_S,
     MAX_CHUNK_ATTEMPTS,
     OUTPUT_RETENTION_S,
     ChunkSpan,
     Conflict,
+    Lease,
     NotFound,
     Page,
 )
@@ -155,6 +157,17 @@ class SqlStore:
     def open_file(self, file_id: str) -> BinaryIO:
         self.get_file(file_id)
         return self.blobs.open(f"files/{file_id}")
+
+    def plan_chunks(
+        self, file_id: str, lines_per_chunk: int = DEFAULT_CHUNK_LINES
+    ) -> list[ChunkSpan]:
+        """Cut an uploaded file into chunks of ``lines_per_chunk`` lines (for ``start_batch``)."""
+        self.get_file(file_id)
+        return self.blobs.plan_chunks(f"files/{file_id}", lines_per_chunk)
+
+    def read_chunk(self, lease: Lease) -> list[bytes]:
+        """The input lines of a claimed chunk, without their newlines."""
+        return self.blobs.read_span(f"files/{lease.input_file_id}", lease.span)
 
     def delete_file(self, file_id: str) -> None:
         """Delete a file; refused (Conflict) while an unfinished batch reads it as its input."""
