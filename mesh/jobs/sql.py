@@ -98,6 +98,9 @@ class SqlStore:
         self.output_retention_s = output_retention_s
         self.max_chunk_attempts = max_chunk_attempts
 
+    def finalize(self, batch_id: str) -> Batch:
+        raise NotImplementedError
+
     def _tx(self, *, write: bool = True) -> AbstractContextManager[Tx]:
         """A transaction; ``write`` ones are serialized with every other writer."""
         raise NotImplementedError
@@ -281,7 +284,9 @@ class SqlStore:
                 " owner = NULL, lease_expires_at = NULL WHERE id = ?",
                 (BatchStatus.IN_PROGRESS, int(self.clock()), total, tokens_total, batch_id),
             )
-            return self._batch(tx, batch_id)
+            started = self._batch(tx, batch_id)
+        # No lines: nothing will ever complete a chunk of it, so it ends here.
+        return started if chunks else self.finalize(batch_id)
 
     def fail_batch(self, batch_id: str, errors: Sequence[BatchError]) -> Batch:
         """Validation failed (validating -> failed), with OpenAI's ``errors`` list."""

@@ -318,6 +318,11 @@ class SqlJobStore(SqlStore):
     def _seal(self, batch_id: str, target: BatchStatus, done: _Assembled) -> str:
         """Record the assembled files and the final state, unless the batch moved meanwhile."""
         with self._tx() as tx:
+            # Chunks before the batch, the order complete_chunk takes them in: no deadlock.
+            tx.q(
+                "SELECT chunk_no FROM chunks WHERE batch_id = ?" + self.lock_of("chunks"),
+                (batch_id,),
+            )
             if self._batch(tx, batch_id, lock=True).status.terminal:
                 return "lost"
             count = tx.scalar("SELECT COUNT(*) FROM results WHERE batch_id = ?", (batch_id,))

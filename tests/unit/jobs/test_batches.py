@@ -183,3 +183,12 @@ def test_a_batch_past_its_window_expires_and_keeps_what_was_done(
     with pytest.raises(LeaseLost):
         store.complete_chunk(late, results_for(store, late))
     assert store.unfinished_batches() == []
+
+
+def test_a_batch_of_an_empty_file_completes_with_no_output(store: JobStore) -> None:
+    upload = store.create_file(b"", filename="empty.jsonl", purpose="batch")
+    batch = store.create_batch(input_file_id=upload.id, endpoint="/v1/embeddings")
+    assert store.plan_chunks(upload.id) == []
+    done = store.start_batch(batch.id, [])
+    assert done.status == BatchStatus.COMPLETED
+    assert (done.output_file_id, done.error_file_id, done.request_counts.total) == (None, None, 0)
