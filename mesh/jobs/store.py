@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, BinaryIO, Generic, Protocol, TypeVar, runtime_checkable
 
 from mesh.jobs.objects import Batch, BatchError, FileObject
 
@@ -102,6 +102,16 @@ class Page(Generic[T]):
 
     data: list[T] = field(default_factory=list)
     has_more: bool = False
+
+    def to_openai(self) -> dict[str, Any]:
+        items = [item.to_openai() for item in self.data]  # type: ignore[attr-defined]
+        return {
+            "object": "list",
+            "data": items,
+            "first_id": items[0]["id"] if items else None,
+            "last_id": items[-1]["id"] if items else None,
+            "has_more": self.has_more,
+        }
 
 
 @runtime_checkable

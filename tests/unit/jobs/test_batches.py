@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from mesh.jobs import BatchError, BatchStatus, Conflict, JobStore, LeaseLost, NotFound
-from tests.unit.jobs.conftest import FakeClock, jsonl, output_lines, results_for, start_batch
+from tests.unit.jobs.conftest import (
+    FakeClock,
+    Target,
+    jsonl,
+    output_lines,
+    results_for,
+    start_batch,
+)
 
 
 def test_a_batch_runs_from_validating_to_completed_with_counts_that_move(
@@ -192,3 +199,45 @@ def test_a_batch_of_an_empty_file_completes_with_no_output(store: JobStore) -> N
     done = store.start_batch(batch.id, [])
     assert done.status == BatchStatus.COMPLETED
     assert (done.output_file_id, done.error_file_id, done.request_counts.total) == (None, None, 0)
+
+
+@pytest.mark.parametrize("committer_finalizes", [True, False], ids=["lost", "raced"])
+def test_a_chunk_committed_while_an_expired_batch_is_finalized_still_lands_once(
+    target: Target,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    committer_finalizes: bool,
+) -> None:
+    """The committing process finalizes the batch itself (the other finalizer loses), or dies
+    right after its commit (the other finalizer sees new rows and assembles again)."""
+    finalizer, runner = target.open(clock=clock), target.open(clock=clock)
+    batch_id = start_batch(finalizer, 4, chunk_lines=2, window="1h")
+    first, second = runner.claim_chunk("w"), runner.claim_chunk("w")
+    assert first is not None and second is not None
+    runner.complete_chunk(first, results_for(runner, first))
+    clock.advance(3600)
+    if not committer_finalizes:
+        monkeypatch.setattr(runner, "finalize", lambda batch: None)
+    assemble = finalizer._assemble  # type: ignore[attr-defined]
+    assembled: list[str] = []
+
+    def assemble_then_race(batch: str):  # another process commits between read and seal
+        made = assemble(batch)
+        if not assembled:
+            runner.complete_chunk(second, results_for(runner, second))
+        assembled.append(batch)
+        return made
+
+    monkeypatch.setattr(finalizer, "_assemble", assemble_then_race)
+    batch = finalizer.finalize(batch_id)
+    assert len(assembled) == (1 if committer_finalizes else 2)
+    assert batch.status == BatchStatus.EXPIRED
+    lines = output_lines(finalizer, batch.output_file_id)
+    assert [line["custom_id"] for line in lines] == [f"req-{n}" for n in range(4)]
+    outputs = finalizer.list_files(purpose="batch_output").data
+    assert [f.id for f in outputs] == [batch.output_file_id]
+    on_disk = {p.name for p in (finalizer.blobs.root / "files").iterdir()}  # type: ignore[attr-defined]
+    assert on_disk == {batch.output_file_id, batch.input_file_id}
+    assert not (finalizer.blobs.root / "parts" / batch_id).exists()  # type: ignore[attr-defined]
+    finalizer.close()
+    runner.close()

@@ -35,6 +35,10 @@ def test_files_list_newest_first_and_page_with_after(store: JobStore, clock: Fak
     assert [f.id for f in second.data] == ids[::-1][2:4] and second.has_more
     last = store.list_files(limit=2, after=second.data[-1].id)
     assert [f.id for f in last.data] == ids[:1] and not last.has_more
+    shape = second.to_openai()
+    assert shape["object"] == "list" and shape["has_more"] is True
+    assert (shape["first_id"], shape["last_id"]) == (ids[2], ids[1])
+    assert [f["id"] for f in shape["data"]] == [ids[2], ids[1]]
 
 
 def test_files_list_filters_by_purpose(store: JobStore) -> None:
