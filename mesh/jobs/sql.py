@@ -175,14 +175,16 @@ class SqlStore:
     def delete_file(self, file_id: str) -> None:
         """Delete a file; refused (Conflict) while an unfinished batch reads it as its input."""
         with self._tx() as tx:
+            # Delete, then look: the row lock the DELETE takes orders this against a
+            # create_batch reading the file (raising rolls the DELETE back).
+            if tx.q("DELETE FROM files WHERE id = ?", (file_id,)).rowcount == 0:
+                raise NotFound(f"no file {file_id!r}")
             busy = tx.scalar(
                 "SELECT COUNT(*) FROM batches WHERE input_file_id = ? AND status IN (?, ?, ?, ?)",
                 (file_id, *LIVE, BatchStatus.CANCELLING),
             )
             if busy:
                 raise Conflict(f"file {file_id!r} is the input of an unfinished batch")
-            if tx.q("DELETE FROM files WHERE id = ?", (file_id,)).rowcount == 0:
-                raise NotFound(f"no file {file_id!r}")
         self.blobs.delete(f"files/{file_id}")
 
     def purge(self) -> list[str]:
@@ -212,7 +214,9 @@ class SqlStore:
         window = window_seconds(completion_window)
         batch_id, now = new_batch_id(), int(self.clock())
         with self._tx() as tx:
-            purpose = tx.scalar("SELECT purpose FROM files WHERE id = ?", (input_file_id,))
+            purpose = tx.scalar(
+                "SELECT purpose FROM files WHERE id = ?" + self.row_lock, (input_file_id,)
+            )
             if purpose is None:
                 raise NotFound(f"no file {input_file_id!r}")
             if purpose != FilePurpose.BATCH:
@@ -266,8 +270,6 @@ class SqlStore:
         """Validated: cut the work into ``chunks`` and run it (validating -> in_progress)."""
         with self._tx() as tx:
             batch = self._batch(tx, batch_id, lock=True)
-            if batch.status == BatchStatus.CANCELLING:
-                return batch
             if batch.status != BatchStatus.VALIDATING:
                 raise Conflict(f"batch {batch_id!r} is {batch.status}, not validating")
             tx.many(
@@ -292,12 +294,12 @@ class SqlStore:
         """Validation failed (validating -> failed), with OpenAI's ``errors`` list."""
         with self._tx() as tx:
             batch = self._batch(tx, batch_id, lock=True)
-            if batch.status not in (BatchStatus.VALIDATING, BatchStatus.CANCELLING):
+            if batch.status != BatchStatus.VALIDATING:
                 raise Conflict(f"batch {batch_id!r} is {batch.status}, not validating")
             tx.q(
                 "UPDATE batches SET status = ?, failed_at = ?, errors = ?, owner = NULL,"
                 " lease_expires_at = NULL WHERE id = ?",
-                (BatchStatus.FAILED, int(self.clock()), _errors_json(errors), batch_id),
+                (BatchStatus.FAILED, int(self.clock()), errors_json(errors), batch_id),
             )
             return self._batch(tx, batch_id)
 
@@ -387,5 +389,5 @@ def _batch(row: Row) -> Batch:
     )
 
 
-def _errors_json(errors: Sequence[BatchError]) -> str:
+def errors_json(errors: Sequence[BatchError]) -> str:
     return json.dumps([e.to_openai() for e in errors])

@@ -9,13 +9,12 @@ output file is assembled from the committed rows, in line order, when the batch 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
 from mesh.jobs.objects import Batch, BatchError, BatchStatus, FilePurpose, new_file_id
-from mesh.jobs.sql import LIVE, Row, SqlStore, Tx
+from mesh.jobs.sql import LIVE, Row, SqlStore, Tx, errors_json
 from mesh.jobs.store import (
     DEFAULT_LEASE_S,
     ChunkSpan,
@@ -224,10 +223,9 @@ class SqlJobStore(SqlStore):
 
     def _add_failed(self, tx: Tx, batch_id: str, lines: int, note: BatchError) -> None:
         batch = self._batch(tx, batch_id, lock=True)
-        errors = [e.to_openai() for e in (*batch.errors, note)]
         tx.q(
             "UPDATE batches SET failed = failed + ?, errors = ? WHERE id = ?",
-            (lines, json.dumps(errors), batch_id),
+            (lines, errors_json([*batch.errors, note]), batch_id),
         )
 
     def _write_part(self, part: str, batch_id: str, rows: list[LineResult]) -> list[tuple]:
