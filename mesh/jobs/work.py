@@ -97,7 +97,8 @@ class SqlJobStore(SqlStore):
         """Commit a chunk: its result rows, its done-mark and the batch's counts, atomically.
 
         ``results`` holds exactly one entry per line of the chunk. Raises ``LeaseLost`` (and
-        commits nothing) when another claim owns the chunk now or the batch has ended. The
+        commits nothing) when another claim owns the chunk now or the batch has ended; a lease
+        past its expiry still commits while no other process has claimed the chunk since. The
         batch is finalized here when this was its last chunk.
         """
         rows = sorted(results, key=lambda r: r.line_no)
