@@ -132,6 +132,16 @@ class Batch:
     tokens_done: int = 0
     tokens_total: int = 0
 
+    def rate_and_eta(self, now: float) -> tuple[float, float | None]:
+        """Tokens per second since the batch started, and seconds left at that rate (None
+        while unknown: not started, nothing done yet, or no token total)."""
+        if self.in_progress_at is None or self.tokens_done <= 0:
+            return 0.0, None
+        end = next((t for t in (self.completed_at, self.cancelled_at, self.expired_at) if t), now)
+        rate = self.tokens_done / max(end - self.in_progress_at, 1e-3)
+        left = max(self.tokens_total - self.tokens_done, 0)
+        return rate, (left / rate if self.tokens_total and not self.status.terminal else None)
+
     def to_openai(self) -> dict[str, Any]:
         counts = self.request_counts
         return {

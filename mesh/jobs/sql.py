@@ -187,6 +187,11 @@ class SqlStore:
                 raise Conflict(f"file {file_id!r} is the input of an unfinished batch")
         self.blobs.delete(f"files/{file_id}")
 
+    def stored_bytes(self) -> int:
+        """The bytes of every stored file: what a disk limit is checked against."""
+        with self._tx(write=False) as tx:
+            return int(tx.scalar("SELECT COALESCE(SUM(bytes), 0) FROM files"))
+
     def purge(self) -> list[str]:
         """Delete the files whose retention has passed; returns their ids."""
         with self._tx() as tx:

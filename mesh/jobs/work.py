@@ -199,6 +199,27 @@ class SqlJobStore(SqlStore):
         ids = [r[0] for r in rows]
         return [i for i in ids if self.finalize(i).status == BatchStatus.EXPIRED]
 
+    def release_owner(self, owner: str) -> int:
+        """Free every lease ``owner`` holds, at once; returns how many chunks it held.
+
+        For a process that restarts under a stable owner id (host and process slot): what
+        its killed predecessor held is resumed now, not when the leases run out. A live
+        holder of one of those leases loses it (its next renew or commit raises LeaseLost),
+        so two processes must never share an owner id.
+        """
+        with self._tx() as tx:
+            freed = tx.q(
+                "UPDATE chunks SET owner = NULL, lease_expires_at = NULL"
+                " WHERE owner = ? AND state = ?",
+                (owner, PENDING),
+            ).rowcount
+            tx.q(
+                "UPDATE batches SET owner = NULL, lease_expires_at = NULL"
+                " WHERE owner = ? AND status = ?",
+                (owner, BatchStatus.VALIDATING),
+            )
+        return freed
+
     def _check_lease(self, tx: Tx, lease: Lease) -> None:
         row = tx.one(
             "SELECT c.owner, c.attempt, c.state, b.status FROM chunks c"

@@ -241,3 +241,14 @@ def test_a_chunk_committed_while_an_expired_batch_is_finalized_still_lands_once(
     assert not (finalizer.blobs.root / "parts" / batch_id).exists()  # type: ignore[attr-defined]
     finalizer.close()
     runner.close()
+
+
+def test_rate_and_eta_follow_the_tokens_done(store: JobStore, clock: FakeClock) -> None:
+    batch_id = start_batch(store, 10, chunk_lines=2)  # 2 tokens a line: 20 in all
+    assert store.get_batch(batch_id).rate_and_eta(clock.now) == (0.0, None)
+    lease = store.claim_chunk("w")
+    assert lease is not None
+    clock.advance(10)
+    store.complete_chunk(lease, results_for(store, lease))
+    rate, eta = store.get_batch(batch_id).rate_and_eta(clock.now)
+    assert rate == pytest.approx(0.4) and eta == pytest.approx(40.0)

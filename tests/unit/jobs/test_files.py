@@ -105,3 +105,12 @@ def test_output_files_are_purged_after_the_retention_and_inputs_stay(
     with pytest.raises(NotFound):
         store.get_file(output.id)
     assert store.get_file(batch.input_file_id).purpose == "batch"
+
+
+def test_stored_bytes_count_every_file_until_it_is_deleted(store: JobStore) -> None:
+    assert store.stored_bytes() == 0
+    first = store.create_file(b"x" * 100, filename="a", purpose="batch")
+    store.create_file(b"y" * 50, filename="b", purpose="batch")
+    assert store.stored_bytes() == 150
+    store.delete_file(first.id)
+    assert store.stored_bytes() == 50

@@ -111,3 +111,16 @@ def test_concurrent_claimers_never_get_the_same_chunk(target: Target) -> None:
     assert len(claimed) == chunks
     assert len(set(claimed)) == chunks
     setup.close()
+
+
+def test_a_restarted_owner_frees_what_its_killed_predecessor_held(store: JobStore) -> None:
+    start_batch(store, 6, chunk_lines=2)
+    held = [store.claim_chunk("host-a/0", lease_s=600) for _ in range(2)]
+    store.claim_chunk("host-b/0", lease_s=600)
+    assert store.release_owner("host-a/0") == 2
+    resumed = [store.claim_chunk("host-a/0") for _ in range(2)]
+    assert [(r.chunk_no, r.attempt) for r in resumed] == [(0, 2), (1, 2)]  # type: ignore[union-attr]
+    assert store.claim_chunk("host-c/0") is None
+    for stale in held:
+        with pytest.raises(LeaseLost):
+            store.renew(stale)  # type: ignore[arg-type]
