@@ -3,7 +3,8 @@
 WAL lets readers run beside the one writer; every write transaction is ``BEGIN IMMEDIATE``, so
 it takes SQLite's single write lock before it reads what it will change: a claim's SELECT and
 UPDATE cannot interleave with another process's. Several processes on one host share the file
-safely (not over a network file system: SQLite's locks need a local one).
+safely (not over a network file system: SQLite's locks need a local one). Open one store
+per process, after any fork: a connection must not cross into a child.
 """
 
 from __future__ import annotations
