@@ -5,13 +5,18 @@ processes) and ``PostgresJobStore`` (a fleet on one shared database). File conte
 parts are blobs on disk (``BlobStore``: the state directory, or a volume every host mounts);
 the database holds metadata, progress, leases and one result row per finished input line.
 
-A batch's life: ``create_batch`` (validating) -> ``start_batch`` cuts its input into chunks
+A batch's life: ``create_batch`` (validating); a validator (``claim_validation``, leased
+too) reads the file and calls ``start_batch``, which cuts the input into chunks
 (in_progress), or ``fail_batch`` (failed). Any process then loops ``claim_chunk`` ->
-``renew`` while it works -> ``complete_chunk`` (the chunk's results, its done-mark and the
-counts in one transaction), or ``fail_chunk``. A lease that is not renewed expires and the
-chunk goes to the next claimer, so a batch whose owner died is resumed by another process. When
-nothing is left, ``finalize`` writes the output and error files from the committed rows in line
-order: each input line appears exactly once.
+``read_chunk`` -> ``renew`` while it works (its ``cancel_requested`` says stop, then
+``release_chunk``) -> ``complete_chunk`` (the chunk's results, its done-mark and the counts
+in one transaction), or ``fail_chunk``. A lease that is not renewed expires and the chunk goes
+to the next claimer, so a batch whose owner died is resumed by another process. When nothing
+is left, ``finalize`` (called by the commit of the last chunk, and safe to call anytime)
+writes the output and error files from the committed rows in line order: each input line
+appears exactly once. A runner's idle loop calls ``finalize`` on ``unfinished_batches``,
+``expire`` and ``purge`` now and then, so cancels, windows and retention take effect with no
+chunk to commit.
 """
 
 from __future__ import annotations
