@@ -1,0 +1,52 @@
+"""Opening a store: the implementation a state URL names, the per-user default directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mesh.jobs import JobStore, default_state_dir, open_store
+from mesh.jobs.sqlite import SqliteJobStore
+from tests.pg_server import PostgresServer
+
+
+def test_both_stores_implement_the_interface(store: JobStore) -> None:
+    assert isinstance(store, JobStore)
+
+
+def test_the_default_state_dir_is_per_user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert default_state_dir() == tmp_path / "xdg" / "embedmesh"
+    opened = open_store()
+    assert isinstance(opened, SqliteJobStore)
+    assert opened.path == tmp_path / "xdg" / "embedmesh" / "jobs.sqlite3"
+    opened.close()
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_state_dir() == tmp_path / "home" / ".local" / "state" / "embedmesh"
+
+
+def test_a_state_url_of_another_database_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="postgresql://"):
+        open_store(tmp_path, "mysql://localhost/jobs")
+
+
+def test_a_postgres_store_reconnects_after_its_connection_is_killed(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    import psycopg
+
+    url = postgres_server.create_database()
+    database = url.split("?")[0].rsplit("/", 1)[1]
+    opened = open_store(tmp_path, url)
+    made = opened.create_file(b"{}\n", filename="a", purpose="batch")
+    with psycopg.connect(postgres_server.url(), autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE datname = %s",
+            (database,),
+        )
+    with pytest.raises(psycopg.OperationalError):
+        opened.get_file(made.id)
+    assert opened.get_file(made.id) == made
+    opened.close()
