@@ -73,7 +73,8 @@ def prepare(job: Job) -> tuple[Source, Sink, progress.Progress]:
     parts = job.out.with_name(job.out.name + ".parts")
     leftovers = job.out.exists() or marker.exists() or parts.exists()
     if leftovers and not job.force and not job.resume:
-        raise InputError(f"{job.out} exists: --resume continues an interrupted run, --force "
+        found = job.out if job.out.exists() else marker if marker.exists() else parts
+        raise InputError(f"{found} exists: --resume continues an interrupted run, --force "
                          "starts over")  # fmt: skip
     if leftovers and not job.force and not marker.exists():
         raise InputError(f"{job.out} exists and has no {marker.name}: it is complete "

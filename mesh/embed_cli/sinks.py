@@ -71,8 +71,9 @@ class NpySink(Sink):
         if rows == 0:
             return
         f = self.path.open("r+b")
-        version = np.lib.format.read_magic(f)  # type: ignore[no-untyped-call]
-        shape, _, _ = np.lib.format._read_array_header(f, version)  # type: ignore[attr-defined]
+        fmt = np.lib.format
+        read = fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0) else fmt.read_array_header_2_0
+        shape, _, _ = read(f)
         if tuple(shape) != (self.total, state["dims"]):
             f.close()
             raise InputError(f"{self.path}: shape {shape} is not this run's; use --force")
