@@ -72,7 +72,9 @@ class NpySink(Sink):
             return
         f = self.path.open("r+b")
         fmt = np.lib.format
-        read = fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0) else fmt.read_array_header_2_0
+        read = (
+            fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0) else fmt.read_array_header_2_0
+        )
         shape, _, _ = read(f)
         if tuple(shape) != (self.total, state["dims"]):
             f.close()

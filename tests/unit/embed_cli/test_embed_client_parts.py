@@ -40,7 +40,10 @@ def test_base64_and_float_vectors_decode_by_their_index() -> None:
     b64 = [{"index": 1, "embedding": base64.b64encode(rows[1].tobytes()).decode()},
            {"index": 0, "embedding": base64.b64encode(rows[0].tobytes()).decode()}]  # fmt: skip
     assert np.array_equal(decode({"data": b64}, 2, None), rows)
-    floats = [{"index": 0, "embedding": rows[0].tolist()}, {"index": 1, "embedding": rows[1].tolist()}]
+    floats = [
+        {"index": 0, "embedding": rows[0].tolist()},
+        {"index": 1, "embedding": rows[1].tolist()},
+    ]
     assert np.array_equal(decode({"data": floats}, 2, 3), rows)
 
 
