@@ -2,22 +2,27 @@
 
 It runs in a thread of the test process on a free loopback port and answers fast, with
 deterministic vectors (``fake_vectors``), so a test can check a whole output without a model.
-``script`` gives answers to send before the normal ones (a 429 with ``Retry-After``, a 503, a
-400); ``delay_s`` slows each answer, so a client can be interrupted mid-run.
+``script`` gives the answers to the first requests (a 429 with ``Retry-After``, a 503, a 400;
+``None`` for a normal answer), normal answers following; ``delay_s`` slows each answer, so a client can be interrupted mid-run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import csv
 import threading
 import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
 from aiohttp import web
 
 from bench.spawn import free_port
@@ -47,7 +52,7 @@ class Scripted:
 @dataclass
 class FakeServer:
     dims: int = DIMS
-    script: list[Scripted] = field(default_factory=list)
+    script: list[Scripted | None] = field(default_factory=list)
     delay_s: float = 0.0
     api_key: str | None = None
     port: int = field(default_factory=free_port)
@@ -63,8 +68,8 @@ class FakeServer:
         body = await request.json()
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
-        if self.script:
-            step = self.script.pop(0)
+        step = self.script.pop(0) if self.script else None
+        if step is not None:
             return self._answer(step.status, step.headers, step.message)
         texts = body["input"]
         vectors = fake_vectors(texts, body.get("dimensions") or self.dims)
@@ -106,9 +111,27 @@ class FakeServer:
             loop.close()
 
 
-def write_jsonl(path: Any, texts: list[str]) -> None:
-    import orjson
+def write_input(path: Path, texts: list[str]) -> Path:
+    """``texts`` as a .jsonl, .csv or .parquet file (by ``path``'s suffix), the ids ``doc-N``."""
+    ids = [f"doc-{i}" for i in range(len(texts))]
+    if path.suffix == ".jsonl":
+        with path.open("wb") as f:
+            for id_, text in zip(ids, texts, strict=True):
+                f.write(orjson.dumps({"id": id_, "text": text}) + b"\n")
+    elif path.suffix == ".csv":
+        with path.open("w", newline="") as f:
+            csv.writer(f).writerows([("id", "text"), *zip(ids, texts, strict=True)])
+    else:
+        pq.write_table(pa.table({"id": ids, "text": texts}), path, row_group_size=64)
+    return path
 
-    with open(path, "wb") as f:
-        for i, text in enumerate(texts):
-            f.write(orjson.dumps({"id": f"doc-{i}", "text": text}) + b"\n")
+
+def read_output(path: Path) -> tuple[list[Any] | None, np.ndarray]:
+    """(the ids, or None for .npy; the vectors) of a mesh-embed output."""
+    if path.suffix == ".npy":
+        return None, np.load(path)
+    if path.suffix == ".jsonl":
+        docs = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+        return [d["id"] for d in docs], np.array([d["embedding"] for d in docs], np.float32)
+    table = pq.read_table(path)
+    return table["id"].to_pylist(), np.array(table["embedding"].to_pylist(), np.float32)
