@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import csv
+import sys
 import threading
 import time
 import zlib
@@ -57,6 +58,7 @@ class FakeServer:
     api_key: str | None = None
     port: int = field(default_factory=free_port)
     requests: list[tuple[float, int]] = field(default_factory=list)  # (monotonic, status)
+    served: int = 0  # texts embedded
 
     @property
     def url(self) -> str:
@@ -79,6 +81,7 @@ class FakeServer:
                 for i, v in enumerate(vectors)]  # fmt: skip
         data.reverse()  # clients must place each vector by its index
         self.requests.append((time.monotonic(), 200))
+        self.served += len(texts)
         tokens = fake_tokens(texts)
         return web.json_response({"object": "list", "data": data, "model": body["model"],
                                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})  # fmt: skip
@@ -109,6 +112,11 @@ class FakeServer:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(10)
             loop.close()
+
+
+def mesh_embed_command() -> list[str]:
+    """``mesh-embed`` as a process of this interpreter (importing this checkout's code)."""
+    return [sys.executable, "-m", "mesh.embed_cli"]
 
 
 def write_input(path: Path, texts: list[str]) -> Path:
