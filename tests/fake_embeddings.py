@@ -59,6 +59,7 @@ class FakeServer:
     port: int = field(default_factory=free_port)
     requests: list[tuple[float, int]] = field(default_factory=list)  # (monotonic, status)
     served: int = 0  # texts embedded
+    priorities: set[str | None] = field(default_factory=set)  # X-Embedmesh-Priority values seen
 
     @property
     def url(self) -> str:
@@ -68,6 +69,7 @@ class FakeServer:
         if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
             return self._answer(401, {}, "wrong API key")
         body = await request.json()
+        self.priorities.add(request.headers.get("X-Embedmesh-Priority"))
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         step = self.script.pop(0) if self.script else None

@@ -46,6 +46,9 @@ class Interrupted(Exception):
 @click.option("--concurrency", type=click.IntRange(1, 256), default=4,
               help="Requests in flight at most.")  # fmt: skip
 @click.option("--batch-size", type=click.IntRange(1, 2048), default=64, help="Texts a request.")
+@click.option("--priority", type=click.Choice(["batch", "interactive"]), default="batch",
+              help="The embedmesh lane asked for (the X-Embedmesh-Priority header): batch work "
+                   "never delays live queries. Other servers ignore it.")  # fmt: skip
 @click.option("--resume", is_flag=True,
               help="Continue an interrupted run from OUTPUT.progress (starts afresh if none).")  # fmt: skip
 @click.option("--force", is_flag=True, help="Overwrite an existing OUTPUT and start over.")
@@ -60,8 +63,8 @@ class Interrupted(Exception):
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 def command(input_path: Path, output: Path, url: str, model: str, text_field: str,
             id_field: str, dimensions: int | None, encoding_format: str, concurrency: int,
-            batch_size: int, resume: bool, force: bool, api_key: str | None, max_retries: int,
-            timeout_s: float, quiet: bool) -> int:  # fmt: skip
+            batch_size: int, priority: str, resume: bool, force: bool, api_key: str | None,
+            max_retries: int, timeout_s: float, quiet: bool) -> int:  # fmt: skip
     """Embed every text of INPUT (.jsonl, .csv or .parquet) through URL's /embeddings and
     write the vectors to OUTPUT, in input order.
 
@@ -74,7 +77,7 @@ def command(input_path: Path, output: Path, url: str, model: str, text_field: st
         raise click.UsageError("--resume and --force exclude each other")
     job = Job(input_path, output, url, model, text_field, id_field, dimensions, encoding_format,
               concurrency, batch_size, resume, force, api_key, max_retries, timeout_s,
-              show_progress=not quiet)  # fmt: skip
+              priority=priority, show_progress=not quiet)  # fmt: skip
     try:
         summary = asyncio.run(_run(job))
     except EmbedError as exc:

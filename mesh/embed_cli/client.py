@@ -1,5 +1,9 @@
 """``POST {url}/embeddings`` with retries: what any OpenAI-compatible server speaks.
 
+Every request carries ``X-Embedmesh-Priority`` (``batch`` by default), so that on embedmesh a
+file's requests take the batch lane, behind live queries, whatever their size; other servers
+ignore the header.
+
 Retried, with exponential backoff and jitter, as the ``openai`` client does: 408, 409, 429 and
 5xx answers and failed connections; a ``Retry-After`` (seconds or an HTTP date) or
 ``retry-after-ms`` header sets the wait instead. Any other 4xx fails at once with the
@@ -22,6 +26,7 @@ import orjson
 
 from mesh.embed_cli.errors import ServerRefused, ServerUnavailable
 
+PRIORITY_HEADER = "X-Embedmesh-Priority"  # mesh/ingress/schema.py reads it
 RETRIED = {408, 409, 429}
 BACKOFF_S = (0.5, 8.0)  # first wait, longest wait
 MAX_RETRY_AFTER_S = 60.0  # a server asking for longer is waited on only this long per try
@@ -100,12 +105,14 @@ class EmbeddingsClient:
 
     def __init__(self, url: str, model: str, *, api_key: str | None = None,
                  dimensions: int | None = None, encoding_format: str = "base64",
-                 max_retries: int = 8, timeout_s: float = 600,
-                 connections: int = 8) -> None:  # fmt: skip
+                 max_retries: int = 8, timeout_s: float = 600, connections: int = 8,
+                 priority: str = "batch") -> None:  # fmt: skip
         self.endpoint = url.rstrip("/") + "/embeddings"
         self.model, self.dimensions, self.encoding_format = model, dimensions, encoding_format
         self.max_retries = max_retries
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = {PRIORITY_HEADER: priority}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._connections = connections
         self._session: aiohttp.ClientSession | None = None

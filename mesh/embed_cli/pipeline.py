@@ -43,6 +43,7 @@ class Job:
     api_key: str | None = None
     max_retries: int = 8
     timeout_s: float = 600
+    priority: str = "batch"
     show_progress: bool = True
 
     def identity(self) -> dict[str, Any]:
@@ -117,6 +118,14 @@ class Runner:
         self.bar.set_postfix_str(f"{self.tokens / elapsed:,.0f} tok/s", refresh=False)
         self.bar.update(len(ids))
 
+    async def _write_head(self, window: deque[tuple[list[Any], asyncio.Task[Embedded]]]) -> None:
+        """Writes the oldest request's rows once it is answered (it stays in the window until
+        then, so an interruption cancels it with the others)."""
+        ids, head = window[0]
+        result = await head
+        window.popleft()
+        self._write(ids, result)
+
     async def run(self) -> Summary:
         window: deque[tuple[list[Any], asyncio.Task[Embedded]]] = deque()
         last_sync = time.monotonic()
@@ -124,20 +133,18 @@ class Runner:
             self.job.url, self.job.model, api_key=self.job.api_key,
             dimensions=self.job.dimensions, encoding_format=self.job.encoding_format,
             max_retries=self.job.max_retries, timeout_s=self.job.timeout_s,
-            connections=self.job.concurrency,
+            connections=self.job.concurrency, priority=self.job.priority,
         ) as client:  # fmt: skip
             try:
                 for ids, texts in batched(self.source.rows(self.skipped), self.job.batch_size):
                     if len(window) >= self.job.concurrency:
-                        head_ids, head = window.popleft()
-                        self._write(head_ids, await head)
+                        await self._write_head(window)
                         if time.monotonic() - last_sync >= CHECKPOINT_S:
                             self.checkpoint()
                             last_sync = time.monotonic()
                     window.append((ids, asyncio.create_task(client.embed(texts))))
                 while window:
-                    head_ids, head = window.popleft()
-                    self._write(head_ids, await head)
+                    await self._write_head(window)
             except BaseException:
                 for _, task in window:
                     task.cancel()

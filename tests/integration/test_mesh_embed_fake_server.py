@@ -46,16 +46,19 @@ def test_every_format_pair_holds_the_servers_vectors_in_input_order(
     assert np.array_equal(vectors, fake_vectors(TEXTS))
     assert ids in (None, IDS)
     assert not (tmp_path / f"out{suffix_out}.progress").exists()
+    assert server.priorities == {"batch"}  # embedmesh's batch lane, whatever the size
 
 
-def test_float_encoding_and_dimensions_reach_the_server(
+def test_float_encoding_dimensions_and_priority_reach_the_server(
     capsys: pytest.CaptureFixture[str], server: FakeServer, tmp_path: Path
 ) -> None:
     source = write_input(tmp_path / "in.jsonl", TEXTS)
     out = tmp_path / "out.npy"
-    more = ("--encoding-format", "float", "--dimensions", "64", "--concurrency", "1")
+    more = ("--encoding-format", "float", "--dimensions", "64", "--concurrency", "1",
+            "--priority", "interactive")  # fmt: skip
     assert run(capsys, *args(server, source, out, *more))[0] == 0
     assert np.array_equal(np.load(out), fake_vectors(TEXTS, 64))
+    assert server.priorities == {"interactive"}
 
 
 def test_a_429_is_retried_after_the_wait_its_retry_after_names(
