@@ -13,7 +13,6 @@ server's message.
 from __future__ import annotations
 
 import asyncio
-import base64
 import email.utils
 import random
 import time
@@ -23,6 +22,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import orjson
+import pybase64
 
 from mesh.embed_cli.errors import ServerRefused, ServerUnavailable
 
@@ -76,7 +76,7 @@ def decode(body: dict[str, Any], count: int, dims: int | None) -> np.ndarray:
     for position, item in enumerate(data):
         vector = item["embedding"]
         if isinstance(vector, str):
-            row = np.frombuffer(base64.b64decode(vector), dtype="<f4")
+            row = np.frombuffer(pybase64.b64decode(vector, validate=True), dtype="<f4")
         else:
             row = np.asarray(vector, dtype=np.float32)
         rows[int(item.get("index", position))] = row
@@ -160,9 +160,12 @@ class EmbeddingsClient:
                 body = orjson.loads(raw)
             except orjson.JSONDecodeError:
                 raise ServerRefused(f"{self.endpoint}: HTTP 200 without JSON") from None
-            usage = body.get("usage") or {}
-            tokens = int(usage.get("prompt_tokens") or usage.get("total_tokens") or 0)
-            return None, Embedded(decode(body, count, self.dimensions), tokens)
+            try:
+                usage = body.get("usage") or {}
+                tokens = int(usage.get("prompt_tokens") or usage.get("total_tokens") or 0)
+                return None, Embedded(decode(body, count, self.dimensions), tokens)
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                raise ServerRefused(f"{self.endpoint}: a malformed answer ({exc!r})") from None
         message = error_message(status, raw)
         if status in RETRIED or status >= 500:
             return (None if wait is None else min(wait, MAX_RETRY_AFTER_S)), message

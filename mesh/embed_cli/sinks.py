@@ -99,6 +99,9 @@ class NpySink(Sink):
         return self.rows, {"dims": self._dims}
 
     def finish(self, dims: int | None) -> None:
+        if self.rows != self.total:  # the header states ``total`` rows
+            raise InputError(f"the input changed while it was read ({self.total} rows counted, "
+                             f"{self.rows} read); use --force")  # fmt: skip
         if self._file is None:  # no rows at all
             self._create(dims or 0)
         self.sync(seal=True)

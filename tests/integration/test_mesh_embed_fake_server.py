@@ -140,3 +140,13 @@ def test_the_api_key_comes_from_the_environment(
     assert (code, "HTTP 401: wrong API key" in err) == (2, True)
     monkeypatch.setenv("EMBEDMESH_API_KEY", "sesame")
     assert run(capsys, *args(server, source, tmp_path / "b.npy"))[0] == 0
+
+
+def test_a_200_without_embeddings_is_a_refusal_not_a_crash(
+    capsys: pytest.CaptureFixture[str], server: FakeServer, tmp_path: Path
+) -> None:
+    server.script = [Scripted(200, message="not an embeddings list")]
+    source = write_input(tmp_path / "in.jsonl", TEXTS[:5])
+    code, err = run(capsys, *args(server, source, tmp_path / "out.npy"))
+    assert code == 2
+    assert "answered no embeddings for 5 inputs" in err

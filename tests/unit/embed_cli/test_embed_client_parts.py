@@ -65,3 +65,8 @@ def test_error_messages_are_the_servers_own() -> None:
         "HTTP 413: TEI says no"
     )
     assert error_message(400, b"<html>bad</html>") == "HTTP 400: <html>bad</html>"
+
+
+def test_invalid_base64_is_an_error_not_a_vector() -> None:
+    with pytest.raises(ValueError):
+        decode({"data": [{"index": 0, "embedding": "not base64!"}]}, 1, None)

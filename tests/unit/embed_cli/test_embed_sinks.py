@@ -111,3 +111,10 @@ def test_unknown_output_formats_and_missing_directories_are_refused(tmp_path: Pa
         open_sink(tmp_path / "out.csv", 1)
     with pytest.raises(InputError, match="no such directory"):
         open_sink(tmp_path / "nowhere" / "out.npy", 1)
+
+
+def test_an_npy_short_of_the_counted_rows_is_not_finished(tmp_path: Path) -> None:
+    sink = open_sink(tmp_path / "out.npy", ROWS)
+    sink.write(IDS[:2], VECTORS[:2])
+    with pytest.raises(InputError, match="the input changed while it was read"):
+        sink.finish(DIMS)
