@@ -148,8 +148,8 @@ class Runner:
             except BaseException:
                 for _, task in window:
                     task.cancel()
+                self.checkpoint(seal=True)  # first: a second Ctrl-C may cut the wait below
                 await asyncio.gather(*(task for _, task in window), return_exceptions=True)
-                self.checkpoint(seal=True)
                 raise
             finally:
                 self.bar.close()
