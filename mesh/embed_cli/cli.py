@@ -105,7 +105,7 @@ async def _run(job: Job) -> Summary:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop, signum)
     try:
-        return await runner.run()
+        await runner.run()
     except asyncio.CancelledError:
         if signals:
             raise Interrupted from None
@@ -113,6 +113,9 @@ async def _run(job: Job) -> Summary:
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+    # Outside the handlers: a cancel pending at the task's end would mark a finished run
+    # cancelled. A Ctrl-C here is a KeyboardInterrupt, and --resume redoes only this step.
+    return runner.finish()
 
 
 def _summary_line(summary: Summary, output: Path) -> str:

@@ -126,7 +126,8 @@ class Runner:
         window.popleft()
         self._write(ids, result)
 
-    async def run(self) -> Summary:
+    async def run(self) -> None:
+        """Sends every row and writes its vector; ``finish`` then completes the output."""
         window: deque[tuple[list[Any], asyncio.Task[Embedded]]] = deque()
         last_sync = time.monotonic()
         async with EmbeddingsClient(
@@ -153,9 +154,10 @@ class Runner:
                 raise
             finally:
                 self.bar.close()
-        return self.finish()
 
     def finish(self) -> Summary:
+        """Completes the output (a Parquet output is joined here) and removes the progress
+        file: until then, an interruption leaves a run that ``--resume`` finishes."""
         self.sink.finish(self.dims)
         self.marker.unlink()
         progress.fsync_dir(self.marker.parent)

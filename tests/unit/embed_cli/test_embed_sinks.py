@@ -118,3 +118,21 @@ def test_an_npy_short_of_the_counted_rows_is_not_finished(tmp_path: Path) -> Non
     sink.write(IDS[:2], VECTORS[:2])
     with pytest.raises(InputError, match="the input changed while it was read"):
         sink.finish(DIMS)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".jsonl", ".parquet"])
+def test_a_run_stopped_after_its_last_row_only_finishes_on_resume(
+    tmp_path: Path, suffix: str
+) -> None:
+    path = tmp_path / f"out{suffix}"
+    first = open_sink(path, ROWS)
+    first.write(IDS, VECTORS)
+    durable, state = first.sync(seal=True)
+    assert durable == ROWS
+    second = open_sink(path, ROWS)
+    second.resume(durable, state)
+    second.finish(DIMS)
+    ids, vectors = read(path)
+    assert np.array_equal(vectors, VECTORS)
+    if suffix != ".npy":
+        assert ids == IDS
