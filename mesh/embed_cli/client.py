@@ -167,6 +167,8 @@ class EmbeddingsClient:
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
                 raise ServerRefused(f"{self.endpoint}: a malformed answer ({exc!r})") from None
         message = error_message(status, raw)
+        if status == 404:
+            message += f" (POST {self.endpoint}: is --url the server's /v1 base?)"
         if status in RETRIED or status >= 500:
             return (None if wait is None else min(wait, MAX_RETRY_AFTER_S)), message
         raise ServerRefused(message)

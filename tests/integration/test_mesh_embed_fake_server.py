@@ -150,3 +150,15 @@ def test_a_200_without_embeddings_is_a_refusal_not_a_crash(
     code, err = run(capsys, *args(server, source, tmp_path / "out.npy"))
     assert code == 2
     assert "answered no embeddings for 5 inputs" in err
+
+
+def test_a_url_without_v1_is_refused_with_a_hint(
+    capsys: pytest.CaptureFixture[str], server: FakeServer, tmp_path: Path
+) -> None:
+    source = write_input(tmp_path / "in.jsonl", TEXTS[:5])
+    argv = [str(source), "-o", str(tmp_path / "o.npy"), "--url", server.url.removesuffix("/v1"),
+            "--model", "m"]  # fmt: skip
+    code, err = run(capsys, *argv)
+    assert code == 2
+    assert "HTTP 404" in err
+    assert "is --url the server's /v1 base?" in err
