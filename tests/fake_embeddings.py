@@ -1,9 +1,11 @@
-"""A fake OpenAI-compatible ``/v1/embeddings`` server for ``mesh-embed``'s tests.
+"""``mesh-embed``'s test helpers: a fake OpenAI-compatible ``/v1/embeddings`` server, input
+files written and outputs read back in every format, and the command as a process.
 
-It runs in a thread of the test process on a free loopback port and answers fast, with
+The server runs in a thread of the test process on a free loopback port and answers fast, with
 deterministic vectors (``fake_vectors``), so a test can check a whole output without a model.
 ``script`` gives the answers to the first requests (a 429 with ``Retry-After``, a 503, a 400;
-``None`` for a normal answer), normal answers following; ``delay_s`` slows each answer, so a client can be interrupted mid-run.
+``None`` for a normal answer), normal answers following; ``delay_s`` slows each answer, so a
+client can be interrupted mid-run.
 """
 
 from __future__ import annotations
