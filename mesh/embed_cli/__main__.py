@@ -1,0 +1,3 @@
+from mesh.embed_cli.cli import main
+
+main()

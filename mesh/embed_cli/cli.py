@@ -1,0 +1,138 @@
+"""``mesh-embed``: the command line (click)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from mesh.embed_cli.errors import EmbedError, ExitCode
+from mesh.embed_cli.pipeline import Job, Runner, Summary, prepare
+
+EPILOG = """\b
+Exit status:
+  0    done: OUTPUT holds every row, in input order
+  1    usage or input error (a wrong option, a malformed row, OUTPUT in the way)
+  2    the server refused a request (a 4xx other than 408, 409, 429); its message is printed
+  3    the server stayed unavailable (429, 5xx, no connection) after --max-retries
+  130  interrupted (SIGINT or SIGTERM); the rows written are saved: rerun with --resume
+"""
+
+
+class Interrupted(Exception):
+    pass
+
+
+@click.command(epilog=EPILOG, context_settings={"show_default": True,
+                                                "help_option_names": ["-h", "--help"]})  # fmt: skip
+@click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="OUT.npy (float32 rows), OUT.jsonl ({id, embedding} lines) or OUT.parquet "
+                   "(id, embedding columns).")  # fmt: skip
+@click.option("--url", required=True, envvar=["EMBEDMESH_URL", "OPENAI_BASE_URL"],
+              help="The server's /v1 base, e.g. http://127.0.0.1:8000/v1 (env EMBEDMESH_URL, "
+                   "then OPENAI_BASE_URL).")  # fmt: skip
+@click.option("--model", required=True, help="The model's name, as the server lists it.")
+@click.option("--text-field", default="text", help="The field (column) holding each text.")
+@click.option("--id-field", default="id",
+              help="The field carried to JSONL and Parquet output as `id` (else the row number).")  # fmt: skip
+@click.option("--dimensions", type=click.IntRange(min=1), default=None,
+              help="Ask for vectors of this width (Matryoshka truncation).")  # fmt: skip
+@click.option("--encoding-format", type=click.Choice(["base64", "float"]), default="base64",
+              help="How vectors travel; base64 is smaller and exact (as the openai client).")  # fmt: skip
+@click.option("--concurrency", type=click.IntRange(1, 256), default=4,
+              help="Requests in flight at most.")  # fmt: skip
+@click.option("--batch-size", type=click.IntRange(1, 2048), default=64, help="Texts a request.")
+@click.option("--priority", type=click.Choice(["batch", "interactive"]), default="batch",
+              help="The embedmesh lane asked for (the X-Embedmesh-Priority header): batch work "
+                   "never delays live queries. Other servers ignore it.")  # fmt: skip
+@click.option("--resume", is_flag=True,
+              help="Continue an interrupted run from OUTPUT.progress (starts afresh if none).")  # fmt: skip
+@click.option("--force", is_flag=True, help="Overwrite an existing OUTPUT and start over.")
+@click.option("--api-key", envvar=["EMBEDMESH_API_KEY", "OPENAI_API_KEY"], default=None,
+              show_default=False,
+              help="Sent as 'Authorization: Bearer KEY'. Prefer the env EMBEDMESH_API_KEY (or "
+                   "OPENAI_API_KEY): argv is visible to every user.")  # fmt: skip
+@click.option("--max-retries", type=click.IntRange(0, 100), default=8,
+              help="Retries of one request on 429, 5xx or a failed connection.")  # fmt: skip
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=600.0,
+              help="Seconds one request may take.")  # fmt: skip
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+def command(input_path: Path, output: Path, url: str, model: str, text_field: str,
+            id_field: str, dimensions: int | None, encoding_format: str, concurrency: int,
+            batch_size: int, priority: str, resume: bool, force: bool, api_key: str | None,
+            max_retries: int, timeout_s: float, quiet: bool) -> int:  # fmt: skip
+    """Embed every text of INPUT (.jsonl, .csv or .parquet) through URL's /embeddings and
+    write the vectors to OUTPUT, in input order.
+
+    Works with embedmesh and any OpenAI-compatible server. Reads and writes as a stream, so
+    memory stays bounded whatever the file's size; the rows written are recorded in
+    OUTPUT.progress as they become durable, and --resume finishes an interrupted run without
+    starting over. Parquet needs pyarrow (pip install 'embedmesh[parquet]').
+    """
+    if resume and force:
+        raise click.UsageError("--resume and --force exclude each other")
+    job = Job(input_path, output, url, model, text_field, id_field, dimensions, encoding_format,
+              concurrency, batch_size, resume, force, api_key, max_retries, timeout_s,
+              priority=priority, show_progress=not quiet)  # fmt: skip
+    try:
+        summary = asyncio.run(_run(job))
+    except EmbedError as exc:
+        click.echo(f"mesh-embed: error: {exc.message}", err=True)
+        return int(exc.code)
+    except (Interrupted, KeyboardInterrupt):
+        click.echo(f"mesh-embed: interrupted; rerun with --resume to finish {output}", err=True)
+        return int(ExitCode.INTERRUPTED)
+    if not quiet:
+        click.echo(_summary_line(summary, output), err=True)
+    return int(ExitCode.DONE)
+
+
+async def _run(job: Job) -> Summary:
+    source, sink, record = prepare(job)
+    runner = Runner(job, source, sink, record)
+    task, loop = asyncio.current_task(), asyncio.get_running_loop()
+    assert task is not None
+    signals: list[int] = []
+
+    def stop(signum: int) -> None:
+        signals.append(signum)
+        task.cancel()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop, signum)
+    try:
+        await runner.run()
+    except asyncio.CancelledError:
+        if signals:
+            raise Interrupted from None
+        raise
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    # Outside the handlers: a cancel pending at the task's end would mark a finished run
+    # cancelled. A Ctrl-C here is a KeyboardInterrupt, and --resume redoes only this step.
+    return runner.finish()
+
+
+def _summary_line(summary: Summary, output: Path) -> str:
+    rate = summary.tokens / summary.seconds if summary.seconds > 0 else 0.0
+    resumed = f" (after {summary.skipped:,} rows of an earlier run)" if summary.skipped else ""
+    return (f"mesh-embed: wrote {summary.rows:,} rows to {output}{resumed}: "
+            f"{summary.tokens:,} tokens in {summary.seconds:.1f} s ({rate:,.0f} tokens/s)")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script: click's usage errors exit 1 here (click's own default is 2, which
+    this command's table gives to a server's refusal)."""
+    try:
+        code = command.main(args=argv, prog_name="mesh-embed", standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(int(ExitCode.INTERRUPTED))
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(int(ExitCode.USAGE))
+    sys.exit(code if isinstance(code, int) else 0)
