@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -288,6 +288,14 @@ class LaunchArgs:
 
     def value(self, name: str) -> Any:
         return getattr(getattr(self, SECTION_OF[name]), name)
+
+    def replaced(self, **values: Any) -> LaunchArgs:
+        """A copy with the options named (in any section) set to ``values``."""
+        sections = {name: getattr(self, name) for name in SECTIONS}
+        for name, value in values.items():
+            section = SECTION_OF[name]
+            sections[section] = replace(sections[section], **{name: value})
+        return LaunchArgs(**sections)
 
 
 @dataclass(frozen=True)

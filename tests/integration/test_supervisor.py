@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from bench.spawn import free_port
+from launch.options import LaunchArgs, WorkerArgs
 from tests.integration.launched import (
     START_S,
     Launched,
@@ -205,13 +206,11 @@ def test_role_all_with_a_model_dir_without_a_model_exits_non_zero_naming_the_wor
     assert "no config.json in" in headline, headline
 
 
-def _opts(**over: object) -> dict[str, object]:
-    """What launch.cli hands run_all with every option at its default."""
-    from launch.cli import main
+def _opts(**over: object) -> LaunchArgs:
+    """What launch.cli hands run_all with every option at its default, but ``over``."""
+    from launch.cli import parse
 
-    ctx = main.make_context("mesh-launch", [])
-    opts = {k: v for k, v in ctx.params.items() if k != "role"}
-    return {**opts, **over}
+    return parse([])[1].replaced(**over)
 
 
 def test_role_commands_pass_options_to_the_role_that_uses_them() -> None:
@@ -289,20 +288,9 @@ def test_a_cpu_worker_ignores_cuda_kernel_choices(monkeypatch) -> None:
         raise Stop
 
     monkeypatch.setattr("mesh.worker.engine.engine.Engine.load", fake_load)
-    cfg = roles.WorkerConfig(
-        broker="ipc:///t/b",
-        model=None,
-        served_name=None,
-        device="cpu",
-        dtype=None,
-        credits=2,
-        max_batch_tokens=None,
-        max_batch_requests=64,
-        threads=1,
-        kernels="fused",
-    )
+    cfg = WorkerArgs(device="cpu", credits=2, max_batch_requests=64, threads=1, kernels="fused")
     with pytest.raises(Stop):
-        roles.run_worker(cfg, Liveness(), roles.Security())
+        roles.run_worker(cfg, ("ipc:///t/b",), Liveness(), roles.Security())
     assert seen["kernels"] is None
 
 
@@ -353,14 +341,21 @@ def test_mesh_launch_role_broker_hands_its_scheduling_flags_to_broker_options(
 
     seen: dict[str, BrokerOptions] = {}
 
-    def fake_run_broker(front: str, back: str, liveness, security, **options) -> None:  # noqa: ANN001
-        seen["options"] = BrokerOptions(liveness=liveness, **options)
+    class Built(Exception):
+        pass
 
-    monkeypatch.setattr(launch.cli, "run_broker", fake_run_broker)
-    args = ["--role", "broker", "--live-window", "2", "--live-bulk-batches", "0.5"]
+    class Capture:
+        def __init__(self, front, back, options: BrokerOptions) -> None:  # noqa: ANN001
+            seen["options"] = options
+            raise Built
+
+    monkeypatch.setattr("mesh.broker.server.Broker", Capture)
+    monkeypatch.setattr("launch.roles._server_binder", lambda *a: (lambda s, e: None, None))
+    args = ["--role", "broker", "--frontend", "ipc:///t/f", "--backend", "ipc:///t/b"]
+    args += ["--live-window", "2", "--live-bulk-batches", "0.5"]
     args += ["--hang-timeout", "7", "--forget-model-after", "60", "--live-bulk-ms", "50"]
     result = CliRunner().invoke(launch.cli.main, args)
-    assert result.exit_code == 0, result.output
+    assert isinstance(result.exception, Built), result.output
     options = seen["options"]
     assert (options.live_window_s, options.live_bulk_batches) == (2.0, 0.5)
     assert (options.hang_s, options.forget_model_s, options.live_bulk_ms) == (7.0, 60.0, 50.0)
