@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from launch.options import GROUPS, Declared, LaunchArgs, declared
+from launch.options import Declared, LaunchArgs, declared
 
 HEADER = """\
 # embedmesh configuration: mesh-launch --config FILE (or EMBEDMESH_CONFIG=FILE).
@@ -169,10 +169,9 @@ def reference() -> str:
             roles = ", ".join(
                 r for r in ("broker", "worker", "ingress", "all") if spec.applies_to(r)
             )
-            help_text = f"{GROUPS[spec.group].split(' (')[0].replace(' options', '')}: {spec.help}"
-            row = [f"`{option.name}`", f"`{option.env}`", flag, _default_text(option).replace(
-                "|", "\\|"), roles, help_text.replace("|", "\\|")]  # fmt: skip
-            out.append("| " + " | ".join(row) + " |")
+            default = _default_text(option)
+            row = [f"`{option.name}`", f"`{option.env}`", flag, default, roles, spec.help]
+            out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
         out.append("")
     return "\n".join(out)
 
