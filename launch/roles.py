@@ -10,6 +10,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -21,6 +22,10 @@ from launch.options import (
     WorkerArgs,
 )
 from mesh.config import WORKER_CREDITS, WORKER_WATCHDOG_S, Liveness
+
+if TYPE_CHECKING:
+    from mesh.worker.engine.engine import Engine
+    from proto_msgs import ModelInfo
 
 log = logging.getLogger("embedmesh.launch")
 TEST_HANG_AFTER_ENV = "EMBEDMESH_TEST_HANG_AFTER"
@@ -139,6 +144,34 @@ def live_lane_on(choice: str, device_type: str, credits: int | None = None) -> b
     return choice == "on" or (choice == "auto" and device_type == "cuda")
 
 
+def model_info(engine: Engine) -> ModelInfo:
+    """What the worker's READY tells the mesh about its model."""
+    from proto_msgs import ModelInfo
+
+    card = engine.card
+    return ModelInfo(
+        name=card.name,
+        aliases=list(card.aliases),
+        dims=card.dims,
+        max_input_tokens=card.max_input_tokens,
+        vocab_size=engine.vocab_size,
+        pooling=card.pooling,
+        normalize=card.normalize,
+        tokenizer_digest=card.tokenizer_digest,
+        prompts=dict(card.prompts),
+        default_prompt_name=card.default_prompt_name,
+        include_prompt=card.include_prompt,
+        task=card.task,
+        labels=list(card.labels),
+        activation=card.activation,
+        hidden_size=engine.hidden_size,
+        has_dense=bool(card.dense),
+        lexical=card.lexical,
+        multivector_dims=card.multivector.out_features if card.multivector else 0,
+        late_interaction=card.colbert.tokens if card.colbert else None,
+    )
+
+
 def run_worker(
     cfg: WorkerArgs, brokers: tuple[str, ...], liveness: Liveness, security: Security
 ) -> None:
@@ -148,7 +181,6 @@ def run_worker(
     from mesh.worker.engine.card import default_model_path
     from mesh.worker.engine.engine import Engine
     from mesh.worker.server import WorkerOptions, WorkerServer
-    from proto_msgs import ModelInfo
 
     dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
     model_dir = cfg.model or str(default_model_path())
@@ -173,27 +205,7 @@ def run_worker(
     if cfg.buckets:
         engine.warmup(cfg.buckets)
     card = engine.card
-    info = ModelInfo(
-        name=card.name,
-        aliases=list(card.aliases),
-        dims=card.dims,
-        max_input_tokens=card.max_input_tokens,
-        vocab_size=engine.vocab_size,
-        pooling=card.pooling,
-        normalize=card.normalize,
-        tokenizer_digest=card.tokenizer_digest,
-        prompts=dict(card.prompts),
-        default_prompt_name=card.default_prompt_name,
-        include_prompt=card.include_prompt,
-        task=card.task,
-        labels=list(card.labels),
-        activation=card.activation,
-        hidden_size=engine.hidden_size,
-        has_dense=bool(card.dense),
-        lexical=card.lexical,
-        multivector_dims=card.multivector.out_features if card.multivector else 0,
-        late_interaction=card.colbert.tokens if card.colbert else None,
-    )
+    info = model_info(engine)
     live = live_lane_on(cfg.live_lane, engine.device.type, cfg.credits)
     options = WorkerOptions(
         name=f"{socket.gethostname()}:{device}",

@@ -341,23 +341,70 @@ def test_mesh_launch_role_broker_hands_its_scheduling_flags_to_broker_options(
 
     seen: dict[str, BrokerOptions] = {}
 
-    class Built(Exception):
-        pass
-
-    class Capture:
+    class Captured:
         def __init__(self, front, back, options: BrokerOptions) -> None:  # noqa: ANN001
             seen["options"] = options
-            raise Built
 
-    monkeypatch.setattr("mesh.broker.server.Broker", Capture)
-    monkeypatch.setattr("launch.roles._server_binder", lambda *a: (lambda s, e: None, None))
-    args = ["--role", "broker", "--frontend", "ipc:///t/f", "--backend", "ipc:///t/b"]
+        def run(self) -> None:
+            pass
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr("mesh.broker.server.Broker", Captured)
+    monkeypatch.setattr("launch.roles._on_signals", lambda stop: None)
+    args = ["--role", "broker", "--frontend", "inproc://f", "--backend", "inproc://b"]
     args += ["--live-window", "2", "--live-bulk-batches", "0.5"]
     args += ["--hang-timeout", "7", "--forget-model-after", "60", "--live-bulk-ms", "50"]
     result = CliRunner().invoke(launch.cli.main, args)
-    assert isinstance(result.exception, Built), result.output
+    assert result.exit_code == 0, result.output
     options = seen["options"]
     assert (options.live_window_s, options.live_bulk_batches) == (2.0, 0.5)
     assert (options.hang_s, options.forget_model_s, options.live_bulk_ms) == (7.0, 60.0, 50.0)
     bad = CliRunner().invoke(launch.cli.main, ["--role", "broker", "--live-bulk-batches", "0"])
     assert bad.exit_code != 0 and "--live-bulk-batches" in bad.output
+
+
+def test_role_all_binds_the_frontend_given_and_prints_it_for_a_mesh_client(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    from mesh.client import MeshClient
+
+    frontend = f"tcp://127.0.0.1:{free_port()}"
+    run = start(tmp_path, "--frontend", frontend, "--http-port", str(free_port()))
+    try:
+        assert LINE.match(run.first_line(START_S)), "the URL line keeps its format"
+        assert run.first_line(10) == f"embedmesh broker frontend (MeshClient): {frontend}"
+
+        async def embed() -> tuple[int, ...]:
+            async with MeshClient(frontend) as client:
+                result = await client.embed(["a client beside the HTTP API"], "all-MiniLM-L6-v2")
+                return result.embeddings.shape
+
+        assert asyncio.run(embed()) == (1, 384)
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.proc.wait(timeout=30) == 0
+    finally:
+        run.kill()
+
+
+def test_role_all_on_a_busy_port_fails_at_once_naming_it(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for flags in (["--http-port", str(port)],
+                      ["--http-port", str(free_port()), "--backend", f"tcp://127.0.0.1:{port}"]):  # fmt: skip
+            run = start(tmp_path, *flags)
+            try:
+                assert run.proc.wait(timeout=60) == 1
+            finally:
+                run.kill()
+            assert run.lines.empty(), "nothing says serving"
+            err = run.stderr.read_text().strip()
+            assert err.startswith("embedmesh: cannot serve") and f":{port}" in err, err
+            assert len(err.splitlines()) == 1, err
