@@ -380,6 +380,7 @@ def test_role_all_binds_the_frontend_given_and_prints_it_for_a_mesh_client(
 
         async def embed() -> tuple[int, ...]:
             async with MeshClient(frontend) as client:
+                await client.wait_ready(30, "all-MiniLM-L6-v2")
                 result = await client.embed(["a client beside the HTTP API"], "all-MiniLM-L6-v2")
                 return result.embeddings.shape
 
