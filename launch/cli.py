@@ -108,12 +108,14 @@ def _top_options() -> list[click.Parameter]:
         click.Option(
             ["--print-config"],
             is_flag=True,
+            envvar="EMBEDMESH_PRINT_CONFIG",
             help="Print the effective settings as a --config file (every key, its variable "
             "and default) and exit.",
         ),
         click.Option(
             ["--gen-keys"],
             type=click.Path(file_okay=False, path_type=Path),
+            envvar="EMBEDMESH_GEN_KEYS",
             help="Create CurveZMQ key pairs (broker, ingress, worker) in DIR and exit; copy "
             "DIR to every host and pass it as --curve-dir.",
         ),

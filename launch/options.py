@@ -32,7 +32,7 @@ SWITCH_US = 500.0  # mesh.worker.server.SWITCH_INTERVAL_S in microseconds
 
 # Help groups, in the order --help shows them: (title, the roles they belong to).
 GROUPS = {
-    "link": "Common options (every role)",
+    "link": "Link and logging options (every role)",
     "ingress": "Ingress options (--role ingress, all)",
     "broker": "Broker options (--role broker, all)",
     "worker": "Worker options (--role worker, all)",
@@ -89,7 +89,7 @@ class LinkArgs:
 
     broker_endpoints: tuple[str, ...] = opt((), "[worker] the broker's backend (default "
         f"{DEFAULT_BACKEND}); [ingress] the broker frontend(s), repeatable (default "
-        f"{DEFAULT_FRONTEND}).", "link", STR, roles=("worker", "ingress"), multiple=True,
+        f"{DEFAULT_FRONTEND}). Variable: EMBEDMESH_BROKER_ENDPOINTS, space-separated.", "link", STR, roles=("worker", "ingress"), multiple=True,
         env="EMBEDMESH_BROKER_ENDPOINTS")  # fmt: skip
     curve_dir: Path | None = opt(None, "Directory of CurveZMQ keys (made with --gen-keys); "
         "secures every TCP link.", "link", click.Path(file_okay=False, path_type=Path))  # fmt: skip
