@@ -115,6 +115,10 @@ def test_an_expert_knob_comes_from_its_variable_else_the_file_and_reaches_the_en
     # The modules that read these knobs (and the children of --role all) find the file's value.
     assert os.environ["EMBEDMESH_BULK_NICE"] == "4"
     assert float(os.environ["EMBEDMESH_LIVE_GATE_MS"]) == 0
+    from launch.supervisor import child_env
+
+    assert child_env(args, "ingress-0", None)["EMBEDMESH_BULK_NICE"] == "4"
+    assert float(child_env(args, "worker-0", None)["EMBEDMESH_LIVE_GATE_MS"]) == 0
     monkeypatch.setenv("EMBEDMESH_BULK_NICE", "2")
     assert parse(["--config", str(path)])[1].ingress.bulk_nice == 2
     assert os.environ["EMBEDMESH_BULK_NICE"] == "2", "a variable is never overwritten"
