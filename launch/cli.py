@@ -18,8 +18,10 @@ from click.core import ParameterSource
 
 from launch import config_file
 from launch.children import RoleFailed, die_with_parent_from_env
+from launch.ingress_role import run_ingress_role
 from launch.options import GROUPS, ROLES, Declared, LaunchArgs, declared, ingress_procs
 from launch.roles import liveness_of, run_broker, run_worker, security_of
+from launch.supervisor import run_all, run_ingress_group
 from mesh.transport import InsecureBindError
 
 HELP = """Run one role of an embedmesh mesh: an ingress (HTTP), the broker, a worker, or with
@@ -158,16 +160,10 @@ def _run(role: str, args: LaunchArgs) -> int:
     elif role == "worker":
         run_worker(args.worker, args.link.broker_endpoints, liveness, security)
     elif role == "ingress" and ingress_procs(args) > 1:
-        from launch.supervisor import run_ingress_group
-
         return run_ingress_group(args)
     elif role == "ingress":
-        from launch.ingress_role import run_ingress_role
-
         return run_ingress_role(args, liveness, security)
     else:
-        from launch.supervisor import run_all
-
         return run_all(args)
     return 0
 
