@@ -61,13 +61,16 @@ class RoleCommand(click.Command):
                     formatter.write_dl(by_group[group])
 
 
-def _read_config(ctx: click.Context, _: click.Parameter, path: Path | None) -> Path | None:
-    """``--config``: the file's values become click's defaults (below flags and variables)."""
-    if path is not None:
-        values = config_file.load(path)
-        ctx.meta["config_values"] = values
-        ctx.default_map = {**(ctx.default_map or {}), **values}
-    return path
+def _from_file(ctx: click.Context, role: str, path: Path | None) -> dict[str, Any]:
+    """The ``--config`` file's values for ``role``, for the options that neither a flag nor a
+    variable set (the file is below both); with the expert knobs' values."""
+    from_file = config_file.load(path, role) if path is not None else {}
+    values = {
+        name: value
+        for name, value in from_file.items()
+        if name in ctx.params and ctx.get_parameter_source(name) is ParameterSource.DEFAULT
+    }
+    return {**values, **config_file.resolve_knobs(from_file)}
 
 
 def _click_option(option: Declared) -> click.Option:
@@ -102,9 +105,6 @@ def _top_options() -> list[click.Parameter]:
             ["--config"],
             type=click.Path(exists=True, dir_okay=False, path_type=Path),
             envvar="EMBEDMESH_CONFIG",
-            is_eager=True,
-            expose_value=False,
-            callback=_read_config,
             help="TOML file of settings (one table per role, keys as the options are named).",
         ),
         click.Option(
@@ -136,8 +136,7 @@ def launch_args(ctx: click.Context) -> LaunchArgs:
                 f"{option.flag} does not apply to --role {role}; it is an option of --role {roles}",
                 ctx,
             )
-    values = dict(ctx.params)
-    values.update(config_file.resolve_knobs(ctx.meta.get("config_values", {})))
+    values = {**ctx.params, **_from_file(ctx, role, ctx.params["config"])}
     args = LaunchArgs.from_values(values)
     if args.worker.no_compile and args.worker.kernels not in (None, "torch"):
         raise click.UsageError(
@@ -169,7 +168,9 @@ def _run(role: str, args: LaunchArgs) -> int:
 
 
 @click.pass_context
-def _main(ctx: click.Context, role: str, print_config: bool, gen_keys: Path | None, **_: Any):
+def _main(
+    ctx: click.Context, role: str, print_config: bool, gen_keys: Path | None, **_: Any
+) -> None:
     die_with_parent_from_env()  # a role started by `--role all`: first, before any slow start
     args = launch_args(ctx)
     if print_config:

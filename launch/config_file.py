@@ -34,8 +34,10 @@ def configurable() -> list[Declared]:
     return [d for d in declared() if not d.spec.internal]
 
 
-def load(path: Path) -> dict[str, Any]:
-    """Option name -> value, from the file at ``path``; values checked by their click type."""
+def load(path: Path, role: str = "all") -> dict[str, Any]:
+    """Option name -> value, from the file at ``path``, for the options that apply to ``role``
+    (checked by their click type). Every key must be known; the values of other roles' keys
+    are not read (a model directory on the worker hosts need not exist on the broker's)."""
     try:
         doc = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -56,7 +58,9 @@ def load(path: Path) -> dict[str, Any]:
                     f"{path}: [{section}] has no key {name!r}; its keys: {names}",
                     param_hint="--config",
                 )
-            values[name] = convert(known[(section, name)], raw, f"{path}: [{section}] {name}")
+            option = known[(section, name)]
+            if option.spec.applies_to(role):
+                values[name] = convert(option, raw, f"{path}: [{section}] {name}")
     return values
 
 

@@ -59,15 +59,31 @@ def _every_key_set(tmp: Path) -> LaunchArgs:
     return LaunchArgs().replaced(**values)
 
 
+@pytest.mark.parametrize("role", ["broker", "worker", "ingress", "all"])
 def test_the_printed_config_loads_back_to_the_same_options(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, role: str
 ) -> None:
+    """Every key: each role reads back the values of the keys that apply to it, and keeps
+    its defaults for the others (a file shared by roles)."""
     for args in (LaunchArgs(), _every_key_set(tmp_path)):
         path = tmp_path / "embedmesh.toml"
         path.write_text(config_file.render(args))
-        assert parse(["--config", str(path)])[1] == args
+        loaded = parse(["--role", role, "--config", str(path)])[1]
+        for option in config_file.configurable():
+            want = args.value(option.name) if option.spec.applies_to(role) else option.default
+            if option.spec.secret:
+                want = None
+            assert loaded.value(option.name) == want, option.name
         for option in declared():  # the knobs the file exported: a variable would now win
             monkeypatch.delenv(option.env, raising=False)
+
+
+def test_a_config_key_of_another_role_is_not_read(tmp_path: Path) -> None:
+    path = tmp_path / "shared.toml"
+    path.write_text(f"[worker]\nmodel = '{tmp_path}/only-on-the-gpu-hosts'\n")
+    assert parse(["--role", "broker", "--config", str(path)])[1].worker.model is None
+    result = CliRunner().invoke(main, ["--role", "worker", "--config", str(path), "--print-config"])
+    assert result.exit_code == 2 and "only-on-the-gpu-hosts" in result.output
 
 
 def test_the_printed_config_names_every_key_its_variable_and_default() -> None:
@@ -202,7 +218,9 @@ def test_variables_and_config_keys_of_other_roles_are_fine(
     path.write_text("[ingress]\nhttp_port = 9001\n[worker]\nthreads = 2\n")
     monkeypatch.setenv("EMBEDMESH_WORKERS", "3")
     role, args = parse(["--role", "broker", "--config", str(path)])
-    assert role == "broker" and args.ingress.http_port == 9001 and args.supervisor.workers == 3
+    assert role == "broker" and args.ingress.http_port == 8000, "not the broker's: not read"
+    assert args.supervisor.workers == 3, "a variable of another role is no error"
+    assert parse(["--role", "ingress", "--config", str(path)])[1].ingress.http_port == 9001
 
 
 def test_each_childs_argv_gives_it_the_options_of_its_role(tmp_path: Path) -> None:
