@@ -85,7 +85,7 @@ __all__ = [
 
 # A role that dies while serving is restarted after RESTART_BACKOFF_S, doubling up to
 # RESTART_BACKOFF_MAX_S; a run of STABLE_RUN_S resets its count. --restart-limit restarts in a
-# row (default 5; 3..10 is reasonable) and the supervisor gives up: a crash loop is a bug or a
+# row (launch.options.RESTART_LIMIT) and the supervisor gives up: a crash loop is a bug or a
 # broken host, and a service manager above us is better placed to act on it.
 RESTART_BACKOFF_S = 1.0
 RESTART_BACKOFF_MAX_S = 30.0
@@ -97,6 +97,11 @@ def run_all(args: LaunchArgs) -> int:
     """Run a whole mesh until a signal (exit 0) or a role's failure (exit 1)."""
 
     def start(tmp: Path, metrics_dir: Path | None, children: list[Child], stop: Event) -> None:
+        for given, flag in (
+            (args.broker.frontend, "--frontend"),
+            (args.broker.backend, "--backend"),
+        ):
+            check_endpoint_free(given or "", flag)  # the broker binds there: fail before it
         frontend, backend = _endpoints(tmp, args)
         commands = role_commands(args, frontend, backend)
         children += spawn(commands, lambda name: child_env(args, name, metrics_dir))
@@ -139,10 +144,6 @@ def _supervise(
     grace = args.ingress.drain_grace
     try:
         check_port_free(args.ingress.http_host, args.ingress.http_port)
-        if prefix == "embedmesh-":  # the whole mesh: its broker binds these, when given
-            for endpoint, flag in ((args.broker.frontend, "--frontend"),
-                                   (args.broker.backend, "--backend")):  # fmt: skip
-                check_endpoint_free(endpoint or "", flag)
         metrics_dir = _metrics_dir(tmp, args)
         start(tmp, metrics_dir, children, stop)
         _watch(children, stop, args.supervisor.restart_limit, metrics_dir)
