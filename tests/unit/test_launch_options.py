@@ -299,3 +299,17 @@ def test_a_port_in_use_fails_at_once_in_one_line(argv: list[str]) -> None:
 def test_the_configuration_reference_is_current() -> None:
     page = (ROOT / "docs" / "config.md").read_text()
     assert page == config_file.reference(), "run: python -m launch.config_file > docs/config.md"
+
+
+def test_the_references_example_file_serves_the_broker_and_the_ingress(tmp_path: Path) -> None:
+    page = (ROOT / "docs" / "config.md").read_text()
+    example = tmp_path / "mesh.toml"
+    example.write_text(page.split("```toml\n")[1].split("```")[0])
+    broker = parse(["--role", "broker", "--config", str(example)])[1]
+    assert (broker.broker.frontend, broker.link.curve_dir) == (
+        "tcp://10.0.0.5:5555", Path("/etc/embedmesh/keys"),
+    )  # fmt: skip
+    ingress = parse(["--role", "ingress", "--config", str(example)])[1]
+    assert (ingress.ingress.http_host, ingress.ingress.ingress_procs) == ("0.0.0.0", 4)
+    with pytest.raises(config_file.ConfigError, match="bge-base-en-v1.5"):
+        config_file.load(example, "worker")  # the model lives on the worker hosts only
