@@ -313,3 +313,21 @@ def test_the_references_example_file_serves_the_broker_and_the_ingress(tmp_path:
     assert (ingress.ingress.http_host, ingress.ingress.ingress_procs) == ("0.0.0.0", 4)
     with pytest.raises(config_file.ConfigError, match="bge-base-en-v1.5"):
         config_file.load(example, "worker")  # the model lives on the worker hosts only
+
+
+def test_every_variable_the_code_reads_is_a_declared_setting() -> None:
+    """A setting read from EMBEDMESH_* anywhere in the package is declared in launch/options.py
+    (so it has a config key, a line in docs/config.md and reaches the children of --role
+    all); the rest are the launcher's own: its top options, its child marker, the test hook."""
+    import re
+
+    launcher = {"EMBEDMESH_CONFIG", "EMBEDMESH_ROLE", "EMBEDMESH_GEN_KEYS"}
+    launcher |= {"EMBEDMESH_PRINT_CONFIG", "EMBEDMESH_SUPERVISOR_PID", "EMBEDMESH_TEST_HANG_AFTER"}
+    named = {
+        name
+        for folder in ("mesh", "launch", "proto_msgs")
+        for path in (ROOT / folder).rglob("*.py")
+        for name in re.findall(r"EMBEDMESH_[A-Z][A-Z_]*[A-Z]", path.read_text())
+    }
+    assert "EMBEDMESH_WINDOW_MASK" in named and "EMBEDMESH_BULK_SCHED" in named
+    assert named - launcher - {o.env for o in declared()} == set()
