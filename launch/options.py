@@ -64,6 +64,7 @@ class Spec:
     to_children: bool = True  # False: --role all keeps it (the API key's sources)
     multiple: bool = False
     env: str = ""  # "": EMBEDMESH_<NAME>
+    name: str = ""  # the flag's name, when not the field's: "broker" -> --broker
     default_text: str = ""  # the default as --help and the reference say it, when not a value
 
     def applies_to(self, role: str) -> bool:
@@ -90,7 +91,7 @@ class LinkArgs:
     broker_endpoints: tuple[str, ...] = opt((), "[worker] the broker's backend (default "
         f"{DEFAULT_BACKEND}); [ingress] the broker frontend(s), repeatable (default "
         f"{DEFAULT_FRONTEND}). Variable: EMBEDMESH_BROKER_ENDPOINTS, space-separated.", "link", STR, roles=("worker", "ingress"), multiple=True,
-        env="EMBEDMESH_BROKER_ENDPOINTS")  # fmt: skip
+        env="EMBEDMESH_BROKER_ENDPOINTS", name="broker")  # fmt: skip
     curve_dir: Path | None = opt(None, "Directory of CurveZMQ keys (made with --gen-keys); "
         "secures every TCP link.", "link", click.Path(file_okay=False, path_type=Path))  # fmt: skip
     insecure: bool = opt(False, "Allow binding a non-loopback address without CURVE keys.", "link")
@@ -313,7 +314,7 @@ class Declared:
 
     @property
     def flag(self) -> str:
-        return "--" + ("broker" if self.name == "broker_endpoints" else self.name).replace("_", "-")
+        return "--" + (self.spec.name or self.name).replace("_", "-")
 
 
 def declared() -> Iterator[Declared]:
