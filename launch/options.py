@@ -90,8 +90,9 @@ class LinkArgs:
 
     broker_endpoints: tuple[str, ...] = opt((), "[worker] the broker's backend (default "
         f"{DEFAULT_BACKEND}); [ingress] the broker frontend(s), repeatable (default "
-        f"{DEFAULT_FRONTEND}). Variable: EMBEDMESH_BROKER_ENDPOINTS, space-separated.", "link", STR, roles=("worker", "ingress"), multiple=True,
-        env="EMBEDMESH_BROKER_ENDPOINTS", name="broker")  # fmt: skip
+        f"{DEFAULT_FRONTEND}). Variable: EMBEDMESH_BROKER_ENDPOINTS, space-separated.", "link",
+        STR, roles=("worker", "ingress"), multiple=True, env="EMBEDMESH_BROKER_ENDPOINTS",
+        name="broker")  # fmt: skip
     curve_dir: Path | None = opt(None, "Directory of CurveZMQ keys (made with --gen-keys); "
         "secures every TCP link.", "link", click.Path(file_okay=False, path_type=Path))  # fmt: skip
     insecure: bool = opt(False, "Allow binding a non-loopback address without CURVE keys.", "link")
