@@ -109,7 +109,8 @@ class BrokerArgs:
     """The scheduler."""
 
     frontend: str | None = opt(None, "Endpoint ingresses (and MeshClients) connect to.",
-        "broker", STR, default_text=f"{DEFAULT_FRONTEND}; --role all: a private ipc:// path")  # fmt: skip
+        "broker", STR,
+        default_text=f"{DEFAULT_FRONTEND}; --role all: a private ipc:// path")  # fmt: skip
     backend: str | None = opt(None, "Endpoint workers connect to.", "broker", STR,
         default_text=f"{DEFAULT_BACKEND}; --role all: a private ipc:// path")  # fmt: skip
     max_queued_tokens: int = opt(config.MAX_QUEUED_TOKENS, "Queued tokens per model before "
@@ -137,7 +138,8 @@ class BrokerArgs:
         "progress before it is buried as hung and its batches requeued.", "broker", POSITIVE,
         expert=True)  # fmt: skip
     forget_model_after: float = opt(config.MODEL_FORGET_S, "Seconds after its last worker left "
-        "that a model is forgotten (404 instead of 503).", "broker", POSITIVE, expert=True)  # fmt: skip
+        "that a model is forgotten (404 instead of 503).", "broker", POSITIVE,
+        expert=True)  # fmt: skip
 
 
 @dataclass
@@ -145,7 +147,8 @@ class WorkerArgs:
     """The engine: one model on one device."""
 
     model: str | None = opt(None, "Model directory in Hugging Face layout.", "worker",
-        click.Path(exists=True, file_okay=False), default_text="the embedded all-MiniLM-L6-v2")  # fmt: skip
+        click.Path(exists=True, file_okay=False),
+        default_text="the embedded all-MiniLM-L6-v2")  # fmt: skip
     served_name: str | None = opt(None, "Name clients use for the model.", "worker", STR,
         default_text="from the model directory")  # fmt: skip
     device: str = opt("cpu", "cpu, cuda or cuda:N.", "worker", STR)
@@ -153,7 +156,8 @@ class WorkerArgs:
         click.Choice(["float32", "float16", "bfloat16"]),
         default_text="float32 on CPU, bf16/fp16 on GPU")  # fmt: skip
     threads: int | None = opt(None, "torch threads of each worker.", "worker", INT,
-        default_text="one per core; --role all on CPU: the cores split between --workers")  # fmt: skip
+        default_text="one per core; --role all on CPU: the cores split between "
+        "--workers")  # fmt: skip
     max_batch_tokens: int | None = opt(None, "Token budget of one batch.", "worker", INT,
         default_text="8192 on CPU, more on GPU")  # fmt: skip
     credits: int | None = opt(None, "Batches in flight at once; 1..8.", "worker", INT,
@@ -164,7 +168,8 @@ class WorkerArgs:
         "this long (the supervisor starts a fresh worker); 0 = never.", "worker", NON_NEGATIVE,
         expert=True, default_text=f"{config.WORKER_WATCHDOG_S:g}")  # fmt: skip
     profile_out: str | None = opt(None, "Diagnostics: cProfile the compute loop while "
-        "serving, stats to this file.", "worker", click.Path(dir_okay=False), expert=True)  # fmt: skip
+        "serving, stats to this file.", "worker", click.Path(dir_okay=False),
+        expert=True)  # fmt: skip
     gpu: int | None = opt(None, "CUDA device index; the same as --device cuda:N.", "gpu", INT)
     kernels: str | None = opt(None, "How per-layer norms, activations and residuals run on "
         "CUDA: fused (Triton + cuBLASLt GELU epilogue), compile (torch.compile) or torch.",
@@ -211,7 +216,8 @@ class IngressArgs:
         "routes. Prefer EMBEDMESH_API_KEY or --api-key-file: any user can read a command "
         "line.", "ingress", STR, secret=True, to_children=False)  # fmt: skip
     api_key_file: Path | None = opt(None, "Read the API key from the first line of this file.",
-        "ingress", click.Path(exists=True, dir_okay=False, path_type=Path), to_children=False)  # fmt: skip
+        "ingress", click.Path(exists=True, dir_okay=False, path_type=Path),
+        to_children=False)  # fmt: skip
     ingress_procs: int | None = opt(None, "Ingress processes sharing the HTTP port "
         "(SO_REUSEPORT); tokenizing and encoding scale with them.", "ingress",
         click.IntRange(min=1), default_text="half the cores, at least 1")  # fmt: skip
