@@ -50,7 +50,7 @@ async def _wait_up(
     key = api_key(args.ingress)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     want, procs = args.supervisor.workers if whole_mesh else 0, ingress_procs(args)
-    health, models, pids = "no answer yet", [], set()
+    health, models, pids, green = "no answer yet", [], set(), set()
     deadline = time.monotonic() + START_TIMEOUT_S
     # A fresh connection per probe: the kernel picks the ingress process per connection, so a
     # round of 2N probes meets every listening one with high odds.
@@ -64,12 +64,14 @@ async def _wait_up(
             probes = 1 if procs == 1 else 2 * procs
             answers = await asyncio.gather(*(_health(http, base) for _ in range(probes)))
             pids.update(pid for _, pid in answers if pid is not None)
+            green.update(pid for s, pid in answers if pid is not None and s == "200")
             health = "200" if any(s == "200" for s, _ in answers) else answers[0][0]
-            # Each ingress answers with its pid once it listens; one answer is not the tier.
+            # Each ingress answers with its pid once it listens; one answer is not the tier,
+            # and a whole mesh serves once each of them is green (has the catalog).
             listening = len(pids) >= procs or (procs == 1 and health.isdigit())
             if listening and not whole_mesh:
                 return f"{base}/v1", ""
-            if listening and health == "200":
+            if health == "200" and (len(green) >= procs or procs == 1):
                 models = await _models(http, base)
                 # /health is green with the first worker; wait for all, so that the line we
                 # print (and a benchmark started on it) means the whole mesh.
