@@ -1,7 +1,7 @@
 """``mesh-launch --role ingress``: the REST bridge process, on uvloop.
 
-With ``--ingress-procs N`` (N > 1) this process only spawns and watches N ingress children
-(``launch.supervisor.run_ingress_group``) that share the HTTP port through SO_REUSEPORT.
+With ``--ingress-procs N`` (N > 1) ``launch.cli`` runs ``launch.supervisor.run_ingress_group``
+instead: N ingress children that share the HTTP port through SO_REUSEPORT.
 """
 
 from __future__ import annotations
@@ -14,20 +14,10 @@ from pathlib import Path
 
 import click
 
+from launch.options import DEFAULT_FRONTEND, IngressArgs, LaunchArgs
 from launch.roles import Security, client_connector
-from mesh.config import TOKENIZE_PROCESSES, Liveness
-from mesh.ingress.config import BODY_TIMEOUT_S, DRAIN_GRACE_S, IngressConfig
-
-DEFAULT_BROKER = "tcp://127.0.0.1:5555"
-
-
-def default_ingress_procs() -> int:
-    """Half the cores this process may run on, at least 1: tokenizing and encoding scale with
-    processes, and the other half is left to the broker, workers and the kernel's network work
-    (a 2-core host keeps its one ingress)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // 2)
-
+from mesh.config import Liveness
+from mesh.ingress.config import IngressConfig
 
 API_KEY_ENV = "EMBEDMESH_API_KEY"
 # Never inherited as they are: the supervisor gives only ingress children the key (a file read
@@ -35,16 +25,10 @@ API_KEY_ENV = "EMBEDMESH_API_KEY"
 SECRET_ENV = (API_KEY_ENV, "EMBEDMESH_API_KEY_FILE")
 
 
-def ingress_procs(opts: dict) -> int:
-    """How many ingress processes serve the port: ``--ingress-procs``, else the default."""
-    given = opts.get("ingress_procs")
-    return int(given) if given is not None else default_ingress_procs()
-
-
-def api_key(opts: dict) -> str | None:
+def api_key(args: IngressArgs) -> str | None:
     """The API key: ``--api-key`` (or EMBEDMESH_API_KEY), else the first line of
     ``--api-key-file``; both at once is a usage error (which one would win is not obvious)."""
-    key, path = opts.get("api_key") or None, opts.get("api_key_file")
+    key, path = args.api_key or None, args.api_key_file
     if path is None:
         return key
     if key is not None:
@@ -55,51 +39,50 @@ def api_key(opts: dict) -> str | None:
     return lines[0].strip()
 
 
-def ingress_config(opts: dict, liveness: Liveness) -> IngressConfig:
-    """IngressConfig from mesh-launch's options (click names)."""
+def ingress_config(args: LaunchArgs, liveness: Liveness) -> IngressConfig:
+    """The IngressConfig of mesh-launch's options."""
+    ing = args.ingress
     return IngressConfig(
-        brokers=list(opts.get("broker_endpoints") or ()) or [DEFAULT_BROKER],
-        http_host=str(opts["http_host"]),
-        http_port=int(opts["http_port"]),
-        api_key=api_key(opts),
-        auto_truncate=bool(opts.get("auto_truncate")),
-        tei_model=opts.get("tei_model") or None,
-        max_body_bytes=int(opts["max_body_bytes"]),
-        max_inputs=int(opts["max_inputs"]),
-        tokenizer_threads=int(opts["tokenizer_threads"]),
-        tokenize_processes=int(opts.get("tokenize_processes", TOKENIZE_PROCESSES)),
-        request_timeout_s=float(opts["request_timeout"]),
+        brokers=list(args.link.broker_endpoints) or [DEFAULT_FRONTEND],
+        http_host=ing.http_host,
+        http_port=ing.http_port,
+        api_key=api_key(ing),
+        auto_truncate=ing.auto_truncate,
+        tei_model=ing.tei_model or None,
+        max_body_bytes=ing.max_body_bytes,
+        max_inputs=ing.max_inputs,
+        tokenizer_threads=ing.tokenizer_threads,
+        tokenize_processes=ing.tokenize_processes,
+        request_timeout_s=ing.request_timeout,
         liveness=liveness,
-        reuse_port=bool(opts.get("reuse_port")),
-        drain_grace_s=float(opts.get("drain_grace", DRAIN_GRACE_S)),
-        body_timeout_s=float(opts.get("body_timeout", BODY_TIMEOUT_S)),
+        reuse_port=ing.reuse_port,
+        drain_grace_s=ing.drain_grace,
+        body_timeout_s=ing.body_timeout,
     )
 
 
-def run_ingress_role(opts: dict, liveness: Liveness, security: Security) -> int:
+def run_ingress_role(args: LaunchArgs, liveness: Liveness, security: Security) -> int:
     """Serve until SIGTERM or SIGINT, then drain (refuse new work, finish what was accepted
-    within --drain-grace); with several processes, run them as children instead. Returns the
-    exit status."""
-    if ingress_procs(opts) > 1:
-        from launch.supervisor import run_ingress_group
-
-        return run_ingress_group(opts)
+    within --drain-grace). Returns the exit status."""
     # Imported here: the parent of several ingresses (and the --role all supervisor, which
     # sizes them with this module) never serves, so it skips aiohttp, numpy and the client.
     import uvloop
 
+    from launch.ports import probe
     from mesh.ingress.server import serve
 
-    cfg = ingress_config(opts, liveness)
+    cfg = ingress_config(args, liveness)
+    if not cfg.reuse_port and cfg.http_port != 0:
+        # A busy port fails here, in one line, before the broker links and the tokenizers.
+        probe(cfg.http_host, cfg.http_port, "HTTP", "choose one with --http-port")
     # Read: the processes this one starts (its tokenizer processes, started with it) need no
     # key, and would otherwise inherit it in their environment.
     for name in SECRET_ENV:
         os.environ.pop(name, None)
     connect = client_connector(security, "ingress")
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: every thread's stack
-    nice = int(opts.get("ingress_nice") or 0)
-    if nice:  # lowering one's own priority needs no privilege
-        os.nice(nice)
+    if args.ingress.ingress_nice:  # lowering one's own priority needs no privilege
+        os.nice(args.ingress.ingress_nice)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -12,7 +12,8 @@ from threading import Event
 from typing import Any
 
 from launch.children import POLL_S, Child, RoleFailed, check_alive
-from launch.ingress_role import api_key, ingress_procs
+from launch.ingress_role import api_key
+from launch.options import LaunchArgs, ingress_procs
 
 START_TIMEOUT_S = 120.0  # model load on a slow CPU plus imports; a GPU start is faster
 
@@ -26,30 +27,30 @@ def _probe_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-async def wait_ready(opts: dict[str, Any], children: list[Child], stop: Event) -> tuple[str, str]:
+async def wait_ready(args: LaunchArgs, children: list[Child], stop: Event) -> tuple[str, str]:
     """Until /health is 200, every ingress process has answered it and /v1/models counts every
     worker; returns (URL of /v1, the served model names)."""
-    return await _wait_up(opts, children, stop, whole_mesh=True)
+    return await _wait_up(args, children, stop, whole_mesh=True)
 
 
-async def wait_listening(opts: dict[str, Any], children: list[Child], stop: Event) -> str:
+async def wait_listening(args: LaunchArgs, children: list[Child], stop: Event) -> str:
     """Until every ingress process of a group answers /health, whatever it says: the mesh
     behind them is not ours to wait for. A child that dies before is a start-up failure.
     Returns the URL of /v1."""
-    url, _ = await _wait_up(opts, children, stop, whole_mesh=False)
+    url, _ = await _wait_up(args, children, stop, whole_mesh=False)
     return url
 
 
 async def _wait_up(
-    opts: dict[str, Any], children: list[Child], stop: Event, whole_mesh: bool
+    args: LaunchArgs, children: list[Child], stop: Event, whole_mesh: bool
 ) -> tuple[str, str]:
     import aiohttp
 
-    base = f"http://{_probe_host(str(opts['http_host']))}:{opts['http_port']}"
-    key = api_key(opts)
+    base = f"http://{_probe_host(args.ingress.http_host)}:{args.ingress.http_port}"
+    key = api_key(args.ingress)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    want, procs = int(opts["workers"]) if whole_mesh else 0, ingress_procs(opts)
-    health, models, pids = "no answer yet", [], set()
+    want, procs = args.supervisor.workers if whole_mesh else 0, ingress_procs(args)
+    health, models, pids, green = "no answer yet", [], set(), set()
     deadline = time.monotonic() + START_TIMEOUT_S
     # A fresh connection per probe: the kernel picks the ingress process per connection, so a
     # round of 2N probes meets every listening one with high odds.
@@ -63,17 +64,19 @@ async def _wait_up(
             probes = 1 if procs == 1 else 2 * procs
             answers = await asyncio.gather(*(_health(http, base) for _ in range(probes)))
             pids.update(pid for _, pid in answers if pid is not None)
+            green.update(pid for s, pid in answers if pid is not None and s == "200")
             health = "200" if any(s == "200" for s, _ in answers) else answers[0][0]
-            # Each ingress answers with its pid once it listens; one answer is not the tier.
+            # Each ingress answers with its pid once it listens; one answer is not the tier,
+            # and a whole mesh serves once each of them is green (has the catalog).
             listening = len(pids) >= procs or (procs == 1 and health.isdigit())
             if listening and not whole_mesh:
                 return f"{base}/v1", ""
-            if listening and health == "200":
+            if health == "200" and (len(green) >= procs or procs == 1):
                 models = await _models(http, base)
                 # /health is green with the first worker; wait for all, so that the line we
                 # print (and a benchmark started on it) means the whole mesh.
                 if sum(int(m.get("workers", want)) for m in models) >= want:
-                    return f"{base}/v1", _model_names(models, opts)
+                    return f"{base}/v1", _model_names(models, args)
             if time.monotonic() > deadline:
                 registered = sum(int(m.get("workers", 0)) for m in models)
                 raise RoleFailed(
@@ -108,10 +111,10 @@ async def _models(http: Any, base: str) -> list[dict[str, Any]]:
     return []
 
 
-def _model_names(models: list[dict[str, Any]], opts: dict[str, Any]) -> str:
+def _model_names(models: list[dict[str, Any]], args: LaunchArgs) -> str:
     """The served names (fallbacks: --served-name, the model dir's name)."""
     if models:
         return ", ".join(str(m["id"]) for m in models)
-    if opts.get("served_name"):
-        return str(opts["served_name"])
-    return Path(str(opts["model"])).name if opts.get("model") else "the default model"
+    if args.worker.served_name:
+        return args.worker.served_name
+    return Path(args.worker.model).name if args.worker.model else "the default model"

@@ -4,17 +4,31 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import os
 import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
 
+from launch.options import (
+    DEFAULT_BACKEND,
+    DEFAULT_FRONTEND,
+    BrokerArgs,
+    LinkArgs,
+    WorkerArgs,
+)
 from mesh.config import WORKER_CREDITS, WORKER_WATCHDOG_S, Liveness
 
+if TYPE_CHECKING:
+    from mesh.worker.engine.engine import Engine
+    from proto_msgs import ModelInfo
+
 log = logging.getLogger("embedmesh.launch")
+TEST_HANG_AFTER_ENV = "EMBEDMESH_TEST_HANG_AFTER"
 
 
 @dataclass
@@ -61,11 +75,35 @@ def client_connector(security: Security, name: str) -> Callable[[zmq.Socket, str
     return connect
 
 
-def run_broker(
-    frontend: str, backend: str, liveness: Liveness, security: Security, **options: object
-) -> None:
+def liveness_of(link: LinkArgs) -> Liveness:
+    return Liveness(link.heartbeat_interval, link.heartbeat_liveness)
+
+
+def security_of(link: LinkArgs) -> Security:
+    return Security(link.curve_dir, link.insecure)
+
+
+def run_broker(args: BrokerArgs, liveness: Liveness, security: Security) -> None:
+    from launch.ports import check_endpoint_free
     from mesh.broker.server import Broker, BrokerOptions
 
+    frontend = args.frontend or DEFAULT_FRONTEND
+    backend = args.backend or DEFAULT_BACKEND
+    options = BrokerOptions(
+        liveness=liveness,
+        max_queued_tokens=args.max_queued_tokens,
+        batch_timeout_s=args.batch_timeout,
+        hang_s=args.hang_timeout,
+        max_attempts=args.max_attempts,
+        aging_s=args.aging,
+        live_bulk_batches=args.live_bulk_batches,
+        live_bulk_ms=args.live_bulk_ms,
+        live_window_s=args.live_window,
+        orphan_grace_s=args.orphan_grace,
+        forget_model_s=args.forget_model_after,
+    )
+    check_endpoint_free(frontend, "--frontend")
+    check_endpoint_free(backend, "--backend")
     ctx = zmq.Context()
     bind, auth = _server_binder(security, ctx, "broker")
     front = ctx.socket(zmq.ROUTER)
@@ -73,7 +111,7 @@ def run_broker(
     # A ROUTER drops replies to a vanished peer silently instead of blocking the loop.
     bind(front, frontend)
     bind(back, backend)
-    broker = Broker(front, back, BrokerOptions(liveness=liveness, **options))  # type: ignore[arg-type]
+    broker = Broker(front, back, options)
     _on_signals(broker.stop)
     log.info("broker up: frontend %s, backend %s", frontend, backend)
     try:
@@ -87,24 +125,11 @@ def run_broker(
         log.info("broker stopped")
 
 
-@dataclass
-class WorkerConfig:
-    broker: str
-    model: str | None
-    served_name: str | None
-    device: str
-    dtype: str | None
-    credits: int | None  # None: WORKER_CREDITS, one more with a live lane
-    max_batch_tokens: int | None
-    max_batch_requests: int
-    threads: int | None
-    test_hang_after: int | None = None
-    watchdog_s: float = WORKER_WATCHDOG_S  # 0: never
-    profile_out: str | None = None  # diagnostics: cProfile stats of the compute loop
-    warmup_buckets: list[int] | None = None  # CUDA graphs to capture at start
-    kernels: str | None = None  # CUDA: "torch" | "compile" | "fused"; None: the engine's choice
-    exact_gelu: bool = False  # CUDA fused BERT: erf GELU instead of the GEMM epilogue's tanh
-    live_lane: str = "auto"  # "on" | "off" | "auto" (on for CUDA): mesh.worker.live_lane
+def hang_after_from_env() -> int | None:
+    """Test hook: the compute loop hangs after this many batches (``EMBEDMESH_TEST_HANG_AFTER``,
+    set by the tests; no flag, not in --help)."""
+    raw = os.environ.get(TEST_HANG_AFTER_ENV, "").strip()
+    return int(raw) if raw else None
 
 
 def live_lane_on(choice: str, device_type: str, credits: int | None = None) -> bool:
@@ -119,36 +144,12 @@ def live_lane_on(choice: str, device_type: str, credits: int | None = None) -> b
     return choice == "on" or (choice == "auto" and device_type == "cuda")
 
 
-def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> None:
-    import torch
-
-    from mesh.worker.engine.card import default_model_path
-    from mesh.worker.engine.engine import Engine
-    from mesh.worker.server import WorkerOptions, WorkerServer
+def model_info(engine: Engine) -> ModelInfo:
+    """What the worker's READY tells the mesh about its model."""
     from proto_msgs import ModelInfo
 
-    dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
-    model_dir = cfg.model or str(default_model_path())
-    kernels = cfg.kernels
-    if kernels not in (None, "torch") and not cfg.device.startswith("cuda"):
-        # As --help says: CPU always runs plain torch; a fleet-wide setting must not stop
-        # the CPU workers of a mixed fleet.
-        log.warning("--kernels %s applies to CUDA workers only; this one runs on CPU", kernels)
-        kernels = None
-    engine = Engine.load(
-        model_dir,
-        device=cfg.device,
-        dtype=dtype,
-        served_name=cfg.served_name,
-        max_batch_tokens=cfg.max_batch_tokens,
-        threads=cfg.threads,
-        kernels=kernels,
-        exact_gelu=cfg.exact_gelu,
-    )
-    if cfg.warmup_buckets:
-        engine.warmup(cfg.warmup_buckets)
     card = engine.card
-    info = ModelInfo(
+    return ModelInfo(
         name=card.name,
         aliases=list(card.aliases),
         dims=card.dims,
@@ -169,16 +170,52 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         multivector_dims=card.multivector.out_features if card.multivector else 0,
         late_interaction=card.colbert.tokens if card.colbert else None,
     )
+
+
+def run_worker(
+    cfg: WorkerArgs, brokers: tuple[str, ...], liveness: Liveness, security: Security
+) -> None:
+    """A worker of ``cfg`` on the first of ``brokers`` (the default backend when none)."""
+    import torch
+
+    from mesh.worker.engine.card import default_model_path
+    from mesh.worker.engine.engine import Engine
+    from mesh.worker.server import WorkerOptions, WorkerServer
+
+    dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
+    model_dir = cfg.model or str(default_model_path())
+    broker = brokers[0] if brokers else DEFAULT_BACKEND
+    device = cfg.device_name
+    kernels = "torch" if cfg.no_compile else cfg.kernels
+    if kernels not in (None, "torch") and not device.startswith("cuda"):
+        # As --help says: CPU always runs plain torch; a fleet-wide setting must not stop
+        # the CPU workers of a mixed fleet.
+        log.warning("--kernels %s applies to CUDA workers only; this one runs on CPU", kernels)
+        kernels = None
+    engine = Engine.load(
+        model_dir,
+        device=device,
+        dtype=dtype,
+        served_name=cfg.served_name,
+        max_batch_tokens=cfg.max_batch_tokens,
+        threads=cfg.threads,
+        kernels=kernels,
+        exact_gelu=cfg.exact_gelu,
+    )
+    if cfg.buckets:
+        engine.warmup(cfg.buckets)
+    card = engine.card
+    info = model_info(engine)
     live = live_lane_on(cfg.live_lane, engine.device.type, cfg.credits)
     options = WorkerOptions(
-        name=f"{socket.gethostname()}:{cfg.device}",
+        name=f"{socket.gethostname()}:{device}",
         credits=cfg.credits if cfg.credits is not None else WORKER_CREDITS + live,
         live_lane=live,
         max_batch_tokens=engine.max_batch_tokens,
         max_batch_requests=cfg.max_batch_requests,
-        device=cfg.device,
-        test_hang_after=cfg.test_hang_after,
-        watchdog_s=cfg.watchdog_s,
+        device=device,
+        test_hang_after=hang_after_from_env(),
+        watchdog_s=WORKER_WATCHDOG_S if cfg.watchdog_s is None else cfg.watchdog_s,
         profile_out=cfg.profile_out,
     )
     ctx = zmq.Context()
@@ -187,13 +224,13 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         engine,
         info,
         card.tokenizer_json,
-        cfg.broker,
+        broker,
         options,
         liveness,
         connect=client_connector(security, "worker"),
     )
     _on_signals(server.stop)
-    log.info("worker up: %s on %s, broker %s", card.name, cfg.device, cfg.broker)
+    log.info("worker up: %s on %s, broker %s", card.name, device, broker)
     try:
         server.run()
     finally:

@@ -1,6 +1,8 @@
 """Measuring knobs and switches read from the environment (``EMBEDMESH_*``), for settings that
 are not flags of ``mesh-launch``: a number outside its range, or not a number, warns and keeps
-the default, so a typo never stops a process."""
+the default, so a typo never stops a process. Each is declared in ``launch/options.py`` (a
+field with ``flag=False``), so it has a ``--config`` key too: the launcher puts a value from
+the file into the environment, where these readers find it."""
 
 from __future__ import annotations
 

@@ -44,10 +44,12 @@ class Mesh:
         self.workers: list[subprocess.Popen[bytes]] = []
         self._logs: list[Path] = []
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, args: list[str], env_extra: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = self.tmp / f"{name}-{len(self._logs)}.log"
         self._logs.append(log)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **(env_extra or {})}
         cmd = [
             sys.executable,
             "-m",
@@ -68,7 +70,10 @@ class Mesh:
         )
         return self.broker
 
-    def start_worker(self, *extra: str) -> subprocess.Popen[bytes]:
+    def start_worker(self, *extra: str, hang_after: int | None = None) -> subprocess.Popen[bytes]:
+        """A worker; with ``hang_after``, one whose compute loop hangs after that many batches
+        (the test hook EMBEDMESH_TEST_HANG_AFTER)."""
+        hook = {} if hang_after is None else {"EMBEDMESH_TEST_HANG_AFTER": str(hang_after)}
         proc = self._spawn(
             "worker",
             [
@@ -82,6 +87,7 @@ class Mesh:
                 "2048",
                 *extra,
             ],
+            hook,
         )
         self.workers.append(proc)
         return proc

@@ -79,7 +79,7 @@ async def test_killing_one_of_two_workers_loses_no_request(mesh: Mesh, reference
 async def test_lost_broker_fails_pending_calls_then_recovers(mesh: Mesh) -> None:
     mesh.start_broker()
     # A worker that hangs at once keeps every call pending until the broker dies.
-    mesh.start_worker("--test-hang-after", "0")
+    mesh.start_worker(hang_after=0)
     async with MeshClient(mesh.frontend, liveness=TEST_LIVENESS) as client:
         await wait_for_workers(client, 1)
         calls = [asyncio.create_task(client.embed([f"pending {i}"], MODEL)) for i in range(5)]
@@ -128,7 +128,7 @@ async def test_hung_worker_is_caught_by_the_batch_deadline(mesh: Mesh) -> None:
     # healthy one has loaded its model (a loaded 2-core host), the work waits for it, as under
     # --role all, instead of failing as a model left without workers.
     mesh.start_broker("--batch-timeout", "2", "--orphan-grace", "60")
-    mesh.start_worker("--test-hang-after", "0")
+    mesh.start_worker(hang_after=0)
     async with MeshClient(mesh.frontend, liveness=TEST_LIVENESS) as client:
         await wait_for_workers(client, 1)
         call = asyncio.create_task(client.embed(["stuck on a hung worker"], MODEL, timeout_s=60))
@@ -145,7 +145,7 @@ async def test_a_hung_worker_exits_for_a_fresh_one_and_its_work_finishes(mesh: M
     from mesh.worker.server import EXIT_HUNG
 
     mesh.start_broker("--orphan-grace", "60")
-    hung = mesh.start_worker("--test-hang-after", "0", "--watchdog-s", "2")
+    hung = mesh.start_worker("--watchdog-s", "2", hang_after=0)
     async with MeshClient(mesh.frontend, liveness=TEST_LIVENESS) as client:
         await wait_for_workers(client, 1)
         call = asyncio.create_task(client.embed(["held by a hung worker"], MODEL, timeout_s=90))
@@ -161,7 +161,7 @@ async def test_a_hung_worker_exits_for_a_fresh_one_and_its_work_finishes(mesh: M
 
 async def test_cancel_and_deadline_remove_queued_work(mesh: Mesh) -> None:
     mesh.start_broker()
-    mesh.start_worker("--test-hang-after", "0")  # nothing ever completes: work stays queued
+    mesh.start_worker(hang_after=0)  # nothing ever completes: work stays queued
     async with MeshClient(mesh.frontend, liveness=TEST_LIVENESS) as client:
         await wait_for_workers(client, 1)
         blockers = [asyncio.create_task(client.embed([f"b{i}"], MODEL)) for i in range(2)]
@@ -187,7 +187,7 @@ async def test_cancel_and_deadline_remove_queued_work(mesh: Mesh) -> None:
 
 async def test_overload_is_refused_fast(mesh: Mesh) -> None:
     mesh.start_broker("--max-queued-tokens", "300")
-    mesh.start_worker("--test-hang-after", "0")
+    mesh.start_worker(hang_after=0)
     async with MeshClient(mesh.frontend, liveness=TEST_LIVENESS) as client:
         await wait_for_workers(client, 1)
         ids = np.full(100, 1000, dtype=np.int32)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from bench.spawn import free_port
+from launch.options import LaunchArgs, WorkerArgs
 from tests.integration.launched import (
     START_S,
     Launched,
@@ -205,13 +206,11 @@ def test_role_all_with_a_model_dir_without_a_model_exits_non_zero_naming_the_wor
     assert "no config.json in" in headline, headline
 
 
-def _opts(**over: object) -> dict[str, object]:
-    """What launch.cli hands run_all with every option at its default."""
-    from launch.cli import main
+def _opts(**over: object) -> LaunchArgs:
+    """What launch.cli hands run_all with every option at its default, but ``over``."""
+    from launch.cli import parse
 
-    ctx = main.make_context("mesh-launch", [])
-    opts = {k: v for k, v in ctx.params.items() if k != "role"}
-    return {**opts, **over}
+    return parse([])[1].replaced(**over)
 
 
 def test_role_commands_pass_options_to_the_role_that_uses_them() -> None:
@@ -289,20 +288,9 @@ def test_a_cpu_worker_ignores_cuda_kernel_choices(monkeypatch) -> None:
         raise Stop
 
     monkeypatch.setattr("mesh.worker.engine.engine.Engine.load", fake_load)
-    cfg = roles.WorkerConfig(
-        broker="ipc:///t/b",
-        model=None,
-        served_name=None,
-        device="cpu",
-        dtype=None,
-        credits=2,
-        max_batch_tokens=None,
-        max_batch_requests=64,
-        threads=1,
-        kernels="fused",
-    )
+    cfg = WorkerArgs(device="cpu", credits=2, max_batch_requests=64, threads=1, kernels="fused")
     with pytest.raises(Stop):
-        roles.run_worker(cfg, Liveness(), roles.Security())
+        roles.run_worker(cfg, ("ipc:///t/b",), Liveness(), roles.Security())
     assert seen["kernels"] is None
 
 
@@ -353,11 +341,20 @@ def test_mesh_launch_role_broker_hands_its_scheduling_flags_to_broker_options(
 
     seen: dict[str, BrokerOptions] = {}
 
-    def fake_run_broker(front: str, back: str, liveness, security, **options) -> None:  # noqa: ANN001
-        seen["options"] = BrokerOptions(liveness=liveness, **options)
+    class Captured:
+        def __init__(self, front, back, options: BrokerOptions) -> None:  # noqa: ANN001
+            seen["options"] = options
 
-    monkeypatch.setattr(launch.cli, "run_broker", fake_run_broker)
-    args = ["--role", "broker", "--live-window", "2", "--live-bulk-batches", "0.5"]
+        def run(self) -> None:
+            pass
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr("mesh.broker.server.Broker", Captured)
+    monkeypatch.setattr("launch.roles._on_signals", lambda stop: None)
+    args = ["--role", "broker", "--frontend", "inproc://f", "--backend", "inproc://b"]
+    args += ["--live-window", "2", "--live-bulk-batches", "0.5"]
     args += ["--hang-timeout", "7", "--forget-model-after", "60", "--live-bulk-ms", "50"]
     result = CliRunner().invoke(launch.cli.main, args)
     assert result.exit_code == 0, result.output
@@ -366,3 +363,49 @@ def test_mesh_launch_role_broker_hands_its_scheduling_flags_to_broker_options(
     assert (options.hang_s, options.forget_model_s, options.live_bulk_ms) == (7.0, 60.0, 50.0)
     bad = CliRunner().invoke(launch.cli.main, ["--role", "broker", "--live-bulk-batches", "0"])
     assert bad.exit_code != 0 and "--live-bulk-batches" in bad.output
+
+
+def test_role_all_binds_the_frontend_given_and_prints_it_for_a_mesh_client(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    from mesh.client import MeshClient
+
+    frontend = f"tcp://127.0.0.1:{free_port()}"
+    run = start(tmp_path, "--frontend", frontend, "--http-port", str(free_port()))
+    try:
+        assert LINE.match(run.first_line(START_S)), "the URL line keeps its format"
+        assert run.first_line(10) == f"embedmesh broker frontend (MeshClient): {frontend}"
+
+        async def embed() -> tuple[int, ...]:
+            async with MeshClient(frontend) as client:
+                await client.wait_ready(30, "all-MiniLM-L6-v2")
+                result = await client.embed(["a client beside the HTTP API"], "all-MiniLM-L6-v2")
+                return result.embeddings.shape
+
+        assert asyncio.run(embed()) == (1, 384)
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.proc.wait(timeout=30) == 0
+    finally:
+        run.kill()
+
+
+def test_role_all_on_a_busy_port_fails_at_once_naming_it(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for flags in (["--http-port", str(port)],
+                      ["--http-port", str(free_port()), "--backend", f"tcp://127.0.0.1:{port}"]):  # fmt: skip
+            run = start(tmp_path, *flags)
+            try:
+                assert run.proc.wait(timeout=60) == 1
+            finally:
+                run.kill()
+            assert run.lines.empty(), "nothing says serving"
+            err = run.stderr.read_text().strip()
+            assert err.startswith("embedmesh: cannot serve") and f":{port}" in err, err
+            assert len(err.splitlines()) == 1, err

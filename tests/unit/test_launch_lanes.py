@@ -11,13 +11,13 @@ import pytest
 import torch
 
 import launch.roles as roles
-from launch.cli import main
+from launch.cli import parse
+from launch.options import LaunchArgs, WorkerArgs
 from mesh.config import WORKER_CREDITS, Liveness
 
 
-def _all_opts(*args: str) -> dict[str, Any]:
-    ctx = main.make_context("mesh-launch", ["--role", "all", *args])
-    return {k: v for k, v in ctx.params.items() if k != "role"}
+def _all_opts(*args: str) -> LaunchArgs:
+    return parse(["--role", "all", *args])[1]
 
 
 @pytest.mark.parametrize(
@@ -95,22 +95,9 @@ def _worker_options(monkeypatch: pytest.MonkeyPatch, device: str, **cfg: Any) ->
 
     monkeypatch.setattr("mesh.worker.engine.engine.Engine.load", lambda *a, **k: _Engine(device))
     monkeypatch.setattr("mesh.worker.server.WorkerServer", fake_server)
-    config = roles.WorkerConfig(
-        **{
-            "broker": "ipc:///t/b",
-            "model": None,
-            "served_name": None,
-            "device": device,
-            "dtype": None,
-            "credits": None,
-            "max_batch_tokens": None,
-            "max_batch_requests": 64,
-            "threads": None,
-            **cfg,
-        }
-    )
+    config = WorkerArgs(**{"device": device, "max_batch_requests": 64, **cfg})
     with pytest.raises(_Captured):
-        roles.run_worker(config, Liveness(), roles.Security())
+        roles.run_worker(config, ("ipc:///t/b",), Liveness(), roles.Security())
     return seen["options"]
 
 
@@ -161,11 +148,13 @@ def test_the_ingress_lowers_its_own_priority_before_it_serves(
         order.append("serve")
 
     monkeypatch.setattr("mesh.ingress.server.serve", fake_serve)
-    opts = {k: v for k, v in main.make_context("mesh-launch", ["--role", "ingress"]).params.items()}
-    assert run_ingress_role({**opts, "ingress_nice": 7}, Liveness(), roles.Security()) == 0
+    port = ["--http-port", "0"]  # no port to probe: serve is faked
+    nicer = parse(["--role", "ingress", *port, "--ingress-nice", "7"])[1]
+    assert run_ingress_role(nicer, Liveness(), roles.Security()) == 0
     assert order == ["nice 7", "serve"]
     order.clear()
-    assert run_ingress_role(opts, Liveness(), roles.Security()) == 0
+    plain = parse(["--role", "ingress", *port])[1]
+    assert run_ingress_role(plain, Liveness(), roles.Security()) == 0
     assert order == ["serve"]  # the default: the same priority as the rest of the mesh
 
 

@@ -201,14 +201,14 @@ async def test_ctrl_c_on_the_process_group_leaves_the_children_at_work(pool) -> 
 
 
 def test_the_launchers_flag_reaches_every_ingress_process() -> None:
-    from launch.cli import main
+    from launch.cli import parse
     from launch.ingress_role import ingress_config
+    from launch.options import LaunchArgs
     from launch.supervisor import role_commands
     from mesh.config import Liveness
 
-    def opts(*args: str) -> dict:
-        params = main.make_context("mesh-launch", ["--role", "all", *args]).params
-        return {k: v for k, v in params.items() if k != "role"}
+    def opts(*args: str) -> LaunchArgs:
+        return parse(["--role", "all", *args])[1]
 
     cmds = role_commands(
         opts("--ingress-procs", "2", "--tokenize-processes", "0"), "ipc:///f", "ipc:///b"

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from launch.cli import main
+from launch.cli import parse
 from launch.ingress_role import ingress_config
+from launch.options import LaunchArgs
 from mesh.config import Liveness
 
 
-def params(*args: str) -> dict:
-    return main.make_context("mesh-launch", ["--role", "ingress", *args]).params
+def params(*args: str) -> LaunchArgs:
+    return parse(["--role", "ingress", *args])[1]
 
 
 def test_defaults_give_the_documented_ingress() -> None:
@@ -43,20 +44,20 @@ def test_every_ingress_flag_reaches_the_config() -> None:
 
 
 def test_default_ingress_procs_is_half_the_cores_and_at_least_one(monkeypatch) -> None:
-    from launch import ingress_role
+    from launch import options
 
     for cores, procs in [(1, 1), (2, 1), (3, 1), (4, 2), (16, 8)]:
-        monkeypatch.setattr(ingress_role.os, "sched_getaffinity", lambda _, n=cores: set(range(n)))
-        assert ingress_role.default_ingress_procs() == procs, cores
-        assert ingress_role.ingress_procs(params()) == procs
-    assert ingress_role.ingress_procs(params("--ingress-procs", "3")) == 3
+        monkeypatch.setattr(options.os, "sched_getaffinity", lambda _, n=cores: set(range(n)))
+        assert options.default_ingress_procs() == procs, cores
+        assert options.ingress_procs(params()) == procs
+    assert options.ingress_procs(params("--ingress-procs", "3")) == 3
 
 
 def test_ingress_procs_reads_its_env_var_and_refuses_zero(monkeypatch) -> None:
     import click
     import pytest
 
-    from launch.ingress_role import ingress_procs
+    from launch.options import ingress_procs
 
     monkeypatch.setenv("EMBEDMESH_INGRESS_PROCS", "5")
     assert ingress_procs(params()) == 5
@@ -80,18 +81,17 @@ def test_the_api_key_can_come_from_a_file_but_not_from_both(tmp_path, monkeypatc
     key_file.write_text("s3cret\n")
     assert ingress_config(params("--api-key-file", str(key_file)), Liveness()).api_key == "s3cret"
     with pytest.raises(click.UsageError, match="not both"):
-        api_key(params("--api-key", "x", "--api-key-file", str(key_file)))
+        api_key(params("--api-key", "x", "--api-key-file", str(key_file)).ingress)
     monkeypatch.setenv("EMBEDMESH_API_KEY", "from-env")
-    assert api_key(params()) == "from-env"
+    assert api_key(params().ingress) == "from-env"
     key_file.write_text("\n")
     monkeypatch.delenv("EMBEDMESH_API_KEY")
     with pytest.raises(click.BadParameter, match="empty"):
-        api_key(params("--api-key-file", str(key_file)))
+        api_key(params("--api-key-file", str(key_file)).ingress)
 
 
-def _all_opts(*args: str) -> dict:
-    ctx = main.make_context("mesh-launch", ["--role", "all", *args])
-    return {k: v for k, v in ctx.params.items() if k != "role"}
+def _all_opts(*args: str) -> LaunchArgs:
+    return parse(["--role", "all", *args])[1]
 
 
 def test_several_ingress_children_share_the_port_and_none_can_become_a_parent() -> None:
@@ -119,7 +119,7 @@ def test_children_get_the_api_key_by_environment_and_only_the_ingresses(
     # conflict in the child; workers and the broker have no use for the key).
     monkeypatch.setenv("EMBEDMESH_API_KEY_FILE", str(key_file))
     opts = _all_opts("--ingress-procs", "2")
-    assert opts["api_key_file"] == key_file
+    assert opts.ingress.api_key_file == key_file
     cmds = role_commands(opts, "ipc:///t/front", "ipc:///t/back")
     assert not any("file-key" in " ".join(args) for args in cmds.values())
     metrics = tmp_path / "metrics"

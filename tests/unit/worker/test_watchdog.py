@@ -94,15 +94,13 @@ def test_a_slow_worker_that_keeps_answering_is_not_hung(tmp_path, exits: list[in
 
 
 def test_the_launchers_watchdog_flag_reaches_the_worker() -> None:
-    from launch.cli import main
+    from launch.cli import parse
     from launch.supervisor import role_commands
 
-    ctx = main.make_context("mesh-launch", ["--role", "all", "--watchdog-s", "45"])
-    opts = {k: v for k, v in ctx.params.items() if k != "role"}
+    opts = parse(["--role", "all", "--watchdog-s", "45"])[1]
     worker = role_commands(opts, "ipc:///t/f", "ipc:///t/b")["worker-0"]
     assert worker[worker.index("--watchdog-s") + 1] == "45.0"
-    ctx = main.make_context("mesh-launch", ["--role", "all"])
-    opts = {k: v for k, v in ctx.params.items() if k != "role"}
+    opts = parse(["--role", "all"])[1]
     assert "--watchdog-s" not in role_commands(opts, "ipc:///t/f", "ipc:///t/b")["worker-0"]
 
 
