@@ -55,8 +55,7 @@ from mesh.ingress.http_errors import TEI
 from mesh.ingress.schema import PRIORITY_HEADER, header_lane
 from mesh.ingress.state import STATE, IngressState, account, json_response, read_body
 from mesh.ingress.tei_schema import (
-    EmbedRequest,
-    SparseRequest,
+    TeiInputsBody,
     parse_decode_request,
     parse_embed_request,
     parse_tokenize_request,
@@ -173,17 +172,15 @@ async def _embed(request: web.Request) -> web.Response:
 
 
 async def _front_door(
-    state: IngressState, copies: TeiTokenizers, info: ModelInfo, req: EmbedRequest,
+    state: IngressState, copies: TeiTokenizers, info: ModelInfo, req: TeiInputsBody,
     lane: Lane | None,
 ) -> ValidRequest:  # fmt: skip
     """The client validates (tokenizing texts) once; truncation from the left is done here
     first (the client's tokenizer cuts from the right), then checked as given ids."""
     client = state.client
     truncate = state.cfg.auto_truncate if req.truncate is None else req.truncate
-    options = {"dims": req.dimensions, "normalize": req.normalize, "lane": lane,
-               "truncate": truncate}  # fmt: skip
-    if isinstance(req, SparseRequest):  # /embed_sparse: a sparse model's largest weights
-        options.update(kind="sparse", top_k=req.top_k, threshold=req.threshold)
+    # The body's output options: /embed's dims and normalize, /embed_sparse's kind and bounds.
+    options = {**req.options(), "lane": lane, "truncate": truncate}
     inputs = req.inputs
     left = truncate and req.direction == "left"
     if inputs.texts is not None and not left:
