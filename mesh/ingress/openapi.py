@@ -109,6 +109,8 @@ OPERATIONS: tuple[Operation, ...] = (
               **_OPEN),
     Operation("get", "/docs", "docs", "The API's page (Swagger UI, served offline)",
               ok_type="text/html", **_OPEN),
+    Operation("get", "/docs/", "docsSlash", "The same page as /docs", ok_type="text/html",
+              **_OPEN),
     Operation("get", "/docs/static/{name}", "docsAsset", "The page's scripts and styles",
               ok_type="application/octet-stream", errors=(404,), **_OPEN),
     Operation("post", "/", "teiRoot", "Embed (TEI's POST /, as InferenceClient sends it)",

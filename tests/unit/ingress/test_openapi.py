@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 from openapi_schema_validator import OAS30Validator
 from openapi_spec_validator import validate
+from yarl import URL
 
 from mesh.errors import MeshError
 from mesh.ingress import contextualized, docs_page, multivector
@@ -121,11 +122,27 @@ async def test_openapi_and_docs_need_no_key_and_work_offline(keyed: TestClient) 
         assert asset.status == 200 and asset.content_type == content_type, name
 
 
+async def test_docs_with_a_slash_answers_the_same_page_with_links_that_resolve(
+    keyed: TestClient,
+) -> None:
+    page = await keyed.get("/docs/")
+    html = await page.text()
+    assert page.status == 200 and page.content_type == "text/html"
+    linked = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert linked and all(link.startswith("static/") for link in linked)
+    spec = re.search(r'url: "([^"]+)"', html)
+    assert spec is not None
+    for link in [*linked, spec.group(1)]:  # as a browser resolves them against /docs/
+        resolved = URL("/docs/").join(URL(link))
+        assert (await keyed.get(str(resolved))).status == 200, link
+    assert str(URL("/docs/").join(URL(spec.group(1)))) == "/openapi.json"
+
+
 async def test_without_the_asset_package_the_page_is_503_and_the_rest_serves(
     keyed: TestClient, monkeypatch
 ) -> None:
     monkeypatch.setattr(docs_page, "ASSET_DIR", None)
-    for path in ("/docs", "/docs/static/swagger-ui.css"):
+    for path in ("/docs", "/docs/", "/docs/static/swagger-ui.css"):
         resp = await keyed.get(path)
         assert resp.status == 503 and "swagger-ui-bundle" in (await resp.json())["error"]["message"]
     assert (await keyed.get("/openapi.json")).status == 200
