@@ -168,6 +168,7 @@ def run_worker(cfg: WorkerConfig, liveness: Liveness, security: Security) -> Non
         lexical=card.lexical,
         multivector_dims=card.multivector.out_features if card.multivector else 0,
         late_interaction=card.colbert.tokens if card.colbert else None,
+        dtype=str(engine.dtype).removeprefix("torch."),
     )
     live = live_lane_on(cfg.live_lane, engine.device.type, cfg.credits)
     options = WorkerOptions(

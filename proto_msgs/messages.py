@@ -182,6 +182,10 @@ class ModelInfo:
     # A ColBERT model (colbert-ai, PyLate): how the ingress lays out its queries and documents
     # for /embed_multivector; None for every other model (bge-m3's colbert vectors included).
     late_interaction: LateInteraction | None = None
+    # The dtype of the worker's weights ("float32", "bfloat16", "float16"; TEI's /info
+    # model_dtype); "" from a worker from before the field. Not a card promise: workers of one
+    # model may run other dtypes, and the first worker's stays in the catalog.
+    dtype: str = ""
 
     def check(self, where: str) -> None:
         """What a peer's card must hold for the ingress to use it without failing later: a

@@ -264,12 +264,12 @@ def model_type(model: ModelInfo) -> dict[str, object]:
 def info_doc(model: ModelInfo, state: IngressState) -> dict[str, object]:
     """TEI's ``Info``. The batch limits are the largest budget among the model's live
     workers, as the broker's catalog says (the mesh's CPU defaults from a broker too old to
-    say); the worker's dtype is not in the catalog, so it is "unknown"."""
+    say); the dtype is the worker's card's ("unknown" from a worker too old to say)."""
     cfg = state.cfg
     return {
         "model_id": next((a for a in model.aliases if "/" in a), model.name),
         "model_sha": None,
-        "model_dtype": "unknown",
+        "model_dtype": model.dtype or "unknown",
         "served_model_name": model.name,
         "model_type": model_type(model),
         "max_concurrent_requests": MAX_CONCURRENT_REQUESTS,
