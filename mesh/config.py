@@ -66,11 +66,11 @@ BULK_SCHED = "idle"
 # tokenizer threads they replace; 0 = threads. EMBEDMESH_TOKENIZE_PROCESSES overrides it.
 TOKENIZE_PROCESSES = 3
 DEFAULT_REQUEST_TIMEOUT_S = 120.0  # client-side deadline when the caller gives none
-# Sparse (SPLADE) output: the (id, weight) pairs kept per input when a request names no top_k,
-# and the most it may ask for (proto_msgs.limits.MAX_SPARSE_TOP_K bounds the wire). A SPLADE
-# query has tens of non-zero weights, a passage one to a few hundred; 64..1024 is reasonable.
-SPARSE_TOP_K = 256
-SPARSE_TOP_K_MAX = 2048
+# Sparse (SPLADE) output: every weight by default, as TEI, in rows as wide as the request's
+# top_k (the vocabulary without one): the most (id, weight) pairs one request's rows may hold,
+# inputs x row width, 64 MiB of float32 pairs (as MAX_TOKEN_VECTOR_VALUES for /embed_all):
+# 274 inputs of BERT's 30,522 entries without top_k, 8,192 with top_k 1024. 2**22..2**24.
+MAX_SPARSE_PAIRS = 1 << 23
 
 
 @dataclass

@@ -212,6 +212,12 @@ def _tei_info() -> Schema:
         "model_type": model_type,
         **dict.fromkeys(counts, INT),
         "auto_truncate": BOOL,
+        # Ours: the most numbers (tokens x width) one /embed_all answer holds (413 beyond).
+        "max_embed_all_values": INT,
+        # Ours: the most (index, value) pairs one /embed_sparse request may ask for.
+        "max_embed_sparse_pairs": INT,
+        # Ours: true for an embedder that /embed_sparse also takes (bge-m3's lexical weights).
+        "embed_sparse": BOOL,
         # Ours: the width of /embed_multivector's per-token vectors (0: no multi-vector head).
         "multivector_dims": INT,
         # Ours: a ColBERT model's query and document lengths in tokens; null for other models.

@@ -48,7 +48,7 @@ from aiohttp import web
 from mesh.client import EmbedResult, ValidRequest
 from mesh.client.request import prompt_text
 from mesh.client.spans import MAX_TOKEN_VECTOR_VALUES
-from mesh.config import MAX_BATCH_REQUESTS, MAX_BATCH_TOKENS_CPU
+from mesh.config import MAX_BATCH_REQUESTS, MAX_BATCH_TOKENS_CPU, MAX_SPARSE_PAIRS
 from mesh.errors import InvalidInput, ModelNotFound, Unavailable
 from mesh.ingress.encodings import render_vectors_sliced
 from mesh.ingress.http_errors import TEI
@@ -291,6 +291,9 @@ def info_doc(model: ModelInfo, state: IngressState) -> dict[str, object]:
             "query_length": model.late_interaction.query_length,
             "document_length": model.late_interaction.document_length,
         },
+        # Ours: the most (index, value) pairs one /embed_sparse request may ask for, inputs x
+        # top_k (x the vocabulary without top_k): 413 beyond.
+        "max_embed_sparse_pairs": MAX_SPARSE_PAIRS,
         # Ours: true for an embedder that /embed_sparse also takes (bge-m3's lexical weights).
         "embed_sparse": model.task == "sparse" or model.lexical,
         "version": VERSION,

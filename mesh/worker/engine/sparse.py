@@ -11,7 +11,8 @@ would be gigabytes), each chunk pooled into its sequences with one ``scatter_red
 or ``index_add`` into a ``[n, vocab]`` fp32 buffer, no loop over sequences.
 
 What leaves the device is bounded (:func:`sparse_rows`): per text its ``top_k`` largest weights
-over ``threshold``, as (id, weight) pairs sorted by id, as TEI's ``/embed_sparse`` lists them.
+over ``threshold`` (every one when ``top_k`` covers the vocabulary, the default), as (id,
+weight) pairs sorted by id, as TEI's ``/embed_sparse`` lists them.
 
 On CUDA a sparse model runs eagerly (FlashInfer attention, no CUDA graphs). The graphs pay off
 where the host cannot launch a batch's ~100 small kernels ahead of the GPU (MiniLM's 2 ms
@@ -137,7 +138,11 @@ def sparse_rows(weights: torch.Tensor, top_k: int, threshold: float = 0.0) -> to
     if top_k < 1 or not threshold >= 0.0:
         raise ValueError(f"top_k must be positive and threshold >= 0; got {top_k}, {threshold}")
     vocab = weights.shape[1]
-    values, ids = weights.float().topk(min(top_k, vocab), dim=1)
+    if top_k >= vocab:  # every weight (the default, as TEI): no selection, only the order
+        values = weights.float()
+        ids = torch.arange(vocab, device=weights.device).expand(weights.shape[0], vocab)
+    else:
+        values, ids = weights.float().topk(top_k, dim=1)
     kept = values > threshold
     # Dropped pairs sort last under the key ``vocab``; kept ones by id, as TEI lists them.
     key, order = torch.where(kept, ids, vocab).sort(dim=1)
