@@ -23,7 +23,7 @@ from yarl import URL
 from mesh.errors import MeshError
 from mesh.ingress import contextualized, docs_page, multivector
 from mesh.ingress.app import create_app
-from mesh.ingress.bodies import field_rules, plan_of
+from mesh.ingress.bodies import IGNORED, field_rules, plan_of
 from mesh.ingress.config import IngressConfig
 from mesh.ingress.docs_page import ASSETS
 from mesh.ingress.http_errors import TEI, ApiError
@@ -259,6 +259,9 @@ def undescribed(name: str) -> set[str]:
 def test_every_body_of_an_operation_has_a_declaration_and_a_parser() -> None:
     assert {op.body for op in OPERATIONS if op.body} == set(REQUESTS) == set(PARSERS)
     assert undescribed("TeiEmbedAllRequest") == {"normalize", "dimensions"}
+    # What happens to a field a body does not declare is said where a client reads the body.
+    schemas = document(IngressConfig(brokers=["ipc://fake"]))["components"]["schemas"]
+    assert all(IGNORED in schemas[name]["description"] for name in REQUESTS)
 
 
 @pytest.mark.parametrize("name", sorted(REQUESTS))
