@@ -66,11 +66,12 @@ BULK_SCHED = "idle"
 # tokenizer threads they replace; 0 = threads. EMBEDMESH_TOKENIZE_PROCESSES overrides it.
 TOKENIZE_PROCESSES = 3
 DEFAULT_REQUEST_TIMEOUT_S = 120.0  # client-side deadline when the caller gives none
-# Sparse (SPLADE) output: every weight by default, as TEI, in rows as wide as the request's
-# top_k (the vocabulary without one): the most (id, weight) pairs one request's rows may hold,
-# inputs x row width, 64 MiB of float32 pairs (as MAX_TOKEN_VECTOR_VALUES for /embed_all):
-# 274 inputs of BERT's 30,522 entries without top_k, 8,192 with top_k 1024. 2**22..2**24.
-MAX_SPARSE_PAIRS = 1 << 23
+# Sparse (SPLADE) output: every weight by default, as TEI. The most (id, weight) pairs one
+# request's answer could hold, inputs x top_k (x the vocabulary without top_k), whatever the
+# model gives: 549 inputs of BERT's 30,522 entries without top_k, 67 of bge-m3's 250,002,
+# 16,384 with top_k 1024; 128 MiB of float32 pairs at worst (a real SPLADE text keeps ~100).
+# 2**22..2**25 is reasonable.
+MAX_SPARSE_PAIRS = 1 << 24
 
 
 @dataclass
