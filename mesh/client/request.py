@@ -117,10 +117,10 @@ def sparse_options(
     model: ModelInfo, dims: int | None, top_k: int | None, threshold: float, n: int = 1
 ) -> OutputOptions:
     """``top_k``: the most (id, weight) pairs per input, the largest, from 1 to the model's
-    vocabulary; None: every weight over ``threshold`` (>= 0), as TEI returns them. A row on
-    the wire holds ``top_k`` pairs (or the vocabulary's, for every weight) whatever the text,
-    so a request's answer is bounded by ``n * top_k``: over ``MAX_SPARSE_PAIRS``, TooLarge,
-    saying to send fewer inputs or set ``top_k``."""
+    vocabulary; None: every weight over ``threshold`` (>= 0), as TEI returns them. An input
+    may answer up to ``top_k`` pairs (the whole vocabulary without it), so a request's answer
+    is bounded by ``n * top_k``: over ``MAX_SPARSE_PAIRS``, TooLarge, saying to send fewer
+    inputs or set ``top_k``."""
     if dims is not None:
         raise InvalidInput("sparse weights have no 'dimensions'", param="dimensions")
     most = min(model.vocab_size, limits.MAX_SPARSE_TOP_K)
