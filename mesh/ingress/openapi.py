@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mesh.ingress.bodies import IGNORED
 from mesh.ingress.config import IngressConfig
 from mesh.ingress.http_errors import OPENAI, TEI
 from mesh.ingress.openapi_bodies import NUM, STR, TEXT, Schema, array, bodies, ref
@@ -119,7 +120,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/embed", "teiEmbed", "Embed: a bare list of vectors (TEI)",
               body="TeiEmbedRequest", ok=array(array(NUM)), errors=_TEI_WORK,
               headers=_TEI_HEADERS, timed=True, **_TEI_TAGS),
-    Operation("post", "/embed_sparse", "teiEmbedSparse", "A sparse model's largest vocabulary "
+    Operation("post", "/embed_sparse", "teiEmbedSparse", "A sparse model's non-zero vocabulary "
               "weights per input (TEI)", body="TeiSparseRequest", ok=ref("TeiSparseResponse"),
               errors=_TEI_WORK, headers=_TEI_HEADERS, timed=True, **_TEI_TAGS),
     Operation("post", "/embed_all", "teiEmbedAll", "Every token's final hidden state (TEI)",
@@ -202,7 +203,8 @@ def _operation(op: Operation, keyed: bool) -> Schema:
     if params:
         doc["parameters"] = params
     if op.body is not None:
-        doc["requestBody"] = {"required": True, "content": {JSON: {"schema": ref(op.body)}}}
+        doc["requestBody"] = {"required": True, "description": IGNORED,
+                              "content": {JSON: {"schema": ref(op.body)}}}  # fmt: skip
     doc["responses"] = _responses(op, guarded)
     doc["security"] = [{"bearer": []}] if guarded else []
     return doc
