@@ -169,6 +169,7 @@ def model_info(engine: Engine) -> ModelInfo:
         lexical=card.lexical,
         multivector_dims=card.multivector.out_features if card.multivector else 0,
         late_interaction=card.colbert.tokens if card.colbert else None,
+        dtype=str(engine.dtype).removeprefix("torch."),
     )
 
 

@@ -8,5 +8,7 @@ MAX_ARRAY_BYTES = 1 << 30  # one raw payload frame (token ids or vectors)
 MAX_SEQUENCES = 1 << 16  # sequences in one SUBMIT or one BATCH
 MAX_TOKENS = 1 << 24  # token ids in one SUBMIT or one BATCH
 MAX_DIMS = 1 << 16  # embedding width
-MAX_SPARSE_TOP_K = 4096  # (id, weight) pairs in one sparse row
+# (id, weight) pairs in one sparse row: a whole vocabulary (every weight, as TEI returns them;
+# bge-m3's 250,002 entries, Gemma's 262,144)
+MAX_SPARSE_TOP_K = 1 << 18
 MAX_STRING = 1 << 16  # characters in any string field

@@ -44,9 +44,10 @@ OUTPUT_KINDS: dict[str, str] = {
     "float16": "float16",
     "int8": "int8",  # symmetric per-vector absmax scaling to ±127
     "binary": "uint8",  # sign bits, np.packbits order (first dimension = most significant bit)
-    # A sparse model's weights (ModelInfo.task "sparse"): per sequence a row of 2 * top_k
-    # float32, its at most top_k token ids (exact in float32: ids < 2**24) then their weights,
-    # sorted by id, only weights > threshold, zero-padded (a pad's weight is 0, never kept).
+    # A sparse model's weights (ModelInfo.task "sparse"): per sequence a row of 2 * k float32,
+    # k <= top_k the most pairs a row of its batch kept: its token ids (exact in float32: ids
+    # < 2**24) then their weights, sorted by id, only weights > threshold, zero-padded (a pad's
+    # weight is 0, never kept). A request's chunks may differ in k (the client pads them).
     "sparse": "float32",
 }
 # What a row of the result is (OutputOptions.rows): a sequence's pooled vector, or a span's mean;
@@ -182,6 +183,10 @@ class ModelInfo:
     # A ColBERT model (colbert-ai, PyLate): how the ingress lays out its queries and documents
     # for /embed_multivector; None for every other model (bge-m3's colbert vectors included).
     late_interaction: LateInteraction | None = None
+    # The dtype of the worker's weights ("float32", "bfloat16", "float16"; TEI's /info
+    # model_dtype); "" from a worker from before the field. Not a card promise: workers of one
+    # model may run other dtypes, and the first worker's stays in the catalog.
+    dtype: str = ""
 
     def check(self, where: str) -> None:
         """What a peer's card must hold for the ingress to use it without failing later: a

@@ -220,7 +220,7 @@ class MeshClient:
             raise InvalidInput("no input given", param="input")
         info = self.resolve(model)
         check_task(info, "sparse" if kind == "sparse" else "embed")
-        output = output_options(info, dims, normalize, kind, top_k, threshold)
+        output = output_options(info, dims, normalize, kind, top_k, threshold, len(texts))
         prompt = prompt_text(info, prompt_name)
         if prompt:
             texts = [prompt + t for t in texts]
@@ -250,7 +250,8 @@ class MeshClient:
         (``kind``, ``top_k``, ``threshold``, ``timeout_s`` as in :meth:`prepare_texts`)."""
         info = self.resolve(model)
         check_task(info, "sparse" if kind == "sparse" else "embed")
-        output = output_options(info, dims, normalize, kind, top_k, threshold)
+        n = len(offsets) - 1
+        output = output_options(info, dims, normalize, kind, top_k, threshold, n)
         valid = valid_tokens(info, token_ids, offsets, output, lane, truncate)
         self._check_backlog(info, valid.lane, valid.tokens, timeout_s)
         return valid

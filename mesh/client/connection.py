@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -83,6 +84,9 @@ class _Pending:
     timings: dict[str, float] = field(default_factory=dict)
     sent_at: float = field(default_factory=time.perf_counter)
     span_offsets: np.ndarray | None = None  # the request's (SubmitRequest.span_offsets)
+    # Sparse rows (k ids then k weights): each batch sends its own k, the most weights one of
+    # its rows kept; narrower chunks are widened with pads (weight 0, never kept).
+    sparse: bool = False
 
     def add(self, chunk: RequestResult) -> bool:
         """Store a chunk; True once every sequence has arrived."""
@@ -100,10 +104,15 @@ class _Pending:
             raise ProtocolError("result index out of range")
         rows = self.n if self.span_offsets is None else int(self.span_offsets[-1])
         if self.out is None:
-            self.out = np.empty((rows, chunk.embeddings.shape[1]), dtype=chunk.embeddings.dtype)
+            empty = np.zeros if self.sparse else np.empty
+            self.out = empty((rows, chunk.embeddings.shape[1]), dtype=chunk.embeddings.dtype)
             self.received = np.zeros(self.n, dtype=bool)
         elif chunk.embeddings.shape[1] != self.out.shape[1]:
-            raise ProtocolError("result chunks disagree on width")
+            if not self.sparse:
+                raise ProtocolError("result chunks disagree on width")
+            width = max(chunk.embeddings.shape[1], self.out.shape[1])
+            self.out = widen_sparse(self.out, width)
+            chunk = dataclasses.replace(chunk, embeddings=widen_sparse(chunk.embeddings, width))
         fresh = ~self.received[idx]
         if self.span_offsets is not None or chunk.row_offsets is not None:
             self._add_span_rows(chunk, idx, fresh)
@@ -160,6 +169,18 @@ class _Pending:
         return EmbedResult(
             self.out, self.prompt_tokens, self.queue_ms, self.compute_ms, self.timings
         )
+
+
+def widen_sparse(rows: np.ndarray, width: int) -> np.ndarray:
+    """Sparse rows ``[n, 2k]`` (k ids, then their k weights) as ``[n, width]``: each half
+    zero-padded to ``width // 2``."""
+    k, wide = rows.shape[1] // 2, width // 2
+    if rows.shape[1] % 2 or width % 2 or wide < k:
+        raise ProtocolError(f"sparse rows of width {rows.shape[1]} cannot widen to {width}")
+    out = np.zeros((len(rows), width), dtype=rows.dtype)
+    out[:, :k] = rows[:, :k]
+    out[:, wide : wide + k] = rows[:, k:]
+    return out
 
 
 class BrokerConnection:
@@ -269,7 +290,7 @@ class BrokerConnection:
         loop = asyncio.get_running_loop()
         pending = _Pending(
             future=loop.create_future(), n=request.n, tokens=tokens,
-            span_offsets=request.span_offsets,
+            span_offsets=request.span_offsets, sparse=request.output.kind == "sparse",
         )  # fmt: skip
         self._pending[request.cid] = pending
         self.outstanding_tokens += tokens

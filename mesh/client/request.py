@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mesh.config import SPARSE_TOP_K, SPARSE_TOP_K_MAX
-from mesh.errors import InvalidInput, error_from_code
-from proto_msgs import OUTPUT_KINDS, Lane, ModelInfo, OutputOptions
+from mesh.config import MAX_SPARSE_PAIRS
+from mesh.errors import InvalidInput, TooLarge, error_from_code
+from proto_msgs import OUTPUT_KINDS, Lane, ModelInfo, OutputOptions, limits
 from proto_msgs.checks import (
     Problem,
     ids_problem,
@@ -106,11 +106,12 @@ def output_options(
     kind: str,
     top_k: int | None = None,
     threshold: float = 0.0,
+    n: int = 1,
 ) -> OutputOptions:
-    """The checked output options; for the kind "sparse", ``top_k`` (None: SPARSE_TOP_K, at
-    most SPARSE_TOP_K_MAX) and ``threshold`` (>= 0), and no ``dims`` or normalization."""
+    """The checked output options of a request of ``n`` inputs; for the kind "sparse",
+    ``top_k`` and ``threshold`` (:func:`sparse_options`), and no ``dims`` or normalization."""
     if kind == "sparse":
-        return sparse_options(model, dims, top_k, threshold)
+        return sparse_options(model, dims, top_k, threshold, n)
     if kind not in OUTPUT_KINDS:
         raise InvalidInput(
             f"unknown output kind {kind!r}; use one of {sorted(OUTPUT_KINDS)}", param="kind"
@@ -121,23 +122,49 @@ def output_options(
 
 
 def sparse_options(
-    model: ModelInfo, dims: int | None, top_k: int | None, threshold: float
+    model: ModelInfo, dims: int | None, top_k: int | None, threshold: float, n: int = 1
 ) -> OutputOptions:
+    """``top_k``: the most (id, weight) pairs per input, the largest, from 1 to the model's
+    vocabulary; None: every weight over ``threshold`` (>= 0), as TEI returns them. An input
+    may answer up to ``top_k`` pairs (the whole vocabulary without it), so a request's answer
+    is bounded by ``n * top_k``: over ``MAX_SPARSE_PAIRS``, TooLarge, saying to send fewer
+    inputs or set ``top_k``."""
     if dims is not None:
         raise InvalidInput("sparse weights have no 'dimensions'", param="dimensions")
-    top_k = SPARSE_TOP_K if top_k is None else top_k
-    if type(top_k) is not int or not 1 <= top_k <= SPARSE_TOP_K_MAX:
+    most = min(model.vocab_size, limits.MAX_SPARSE_TOP_K)
+    if top_k is not None and (type(top_k) is not int or not 1 <= top_k <= most):
         raise InvalidInput(
-            f"'top_k' must be an integer from 1 to {SPARSE_TOP_K_MAX}; got {top_k!r}",
+            f"'top_k' must be an integer from 1 to {most} (model {model.name!r}'s vocabulary"
+            f"{'' if most == model.vocab_size else ', as far as the wire carries it'}); "
+            f"got {top_k!r}",
             param="top_k",
         )
     if isinstance(threshold, bool) or not (0.0 <= threshold < float("inf")):
         raise InvalidInput(
             f"'threshold' must be a number >= 0; got {threshold!r}", param="threshold"
         )
-    output = OutputOptions(normalize=False, kind="sparse", top_k=top_k, threshold=float(threshold))
+    k = model.vocab_size if top_k is None else top_k
+    if k > most:  # a vocabulary wider than a row may be: every weight cannot be sent
+        raise InvalidInput(
+            f"model {model.name!r} has {k} vocabulary entries, over the {most} pairs a row "
+            f"carries: set 'top_k' (1 to {most})",
+            param="top_k",
+        )
+    if n * k > MAX_SPARSE_PAIRS:
+        raise TooLarge(_over_pairs(n, k, top_k is None), param="top_k" if top_k else "inputs")
+    output = OutputOptions(normalize=False, kind="sparse", top_k=k, threshold=float(threshold))
     refuse(output_problem(model, output))
     return output
+
+
+def _over_pairs(n: int, k: int, every: bool) -> str:
+    each = f"every weight of its {k}-entry vocabulary" if every else f"top_k={k} pairs"
+    fix = f"send at most {max(1, MAX_SPARSE_PAIRS // k)} inputs per request"
+    return (
+        f"{n} inputs, each answering up to {each}, could be {n * k} (index, value) pairs, "
+        f"over the limit of {MAX_SPARSE_PAIRS} per request: {fix}, or set 'top_k' to at most "
+        f"{max(1, MAX_SPARSE_PAIRS // n)}"
+    )
 
 
 def refuse(problem: Problem | None) -> None:

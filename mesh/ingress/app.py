@@ -3,8 +3,8 @@
 Why aiohttp (on uvloop): it is one dependency that is both the HTTP server and native asyncio,
 so the ``MeshClient``'s ZeroMQ reader tasks, its futures and the request handlers share one
 event loop with no bridge between frameworks; it has no per-request model-validation layer
-(the body is parsed once by orjson and checked by hand in ``mesh.ingress.schema``, the response
-written as bytes straight from numpy); and it cancels a handler whose client hung up
+(the body is parsed once by orjson and checked against its one declaration,
+``mesh.ingress.bodies``; the response written as bytes straight from numpy); and it cancels a handler whose client hung up
 (``handler_cancellation=True``), which is what lets a disconnect become a CANCEL to the broker.
 FastAPI on uvicorn would add Starlette, pydantic and an ASGI layer for features this small,
 fixed surface does not use.
@@ -235,7 +235,8 @@ async def _front_door(state: IngressState, req: EmbeddingsRequest) -> ValidReque
         "dims": req.dimensions,
         "kind": ENCODINGS[req.encoding_format],
         "lane": req.lane,
-        "truncate": state.cfg.auto_truncate,
+        # TEI's truncate, as on /embed: absent, the server's --auto-truncate decides.
+        "truncate": state.cfg.auto_truncate if req.truncate is None else req.truncate,
     }
     if req.texts is not None:
         return await state.client.prepare_texts(

@@ -25,17 +25,29 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import orjson
 from aiohttp import web
 
-from mesh.client.spans import check_document_limits, prepare_documents
+from mesh.client.spans import MAX_CHUNKS, MAX_DOCUMENTS, check_document_limits, prepare_documents
 from mesh.ingress import tei
+from mesh.ingress.bodies import Schema, Shaped, Text, decode, field
 from mesh.ingress.encodings import ENCODINGS, render_rows
 from mesh.ingress.http_errors import ApiError
-from mesh.ingress.schema import PRIORITY_HEADER, parse_common
+from mesh.ingress.schema import (
+    DIMENSIONS,
+    DIMENSIONS_TEXT,
+    ENCODING,
+    PRIORITY,
+    PRIORITY_HEADER,
+    PRIORITY_TEXT,
+    header_lane,
+)
 from mesh.ingress.state import STATE, account, read_body
+from proto_msgs import Lane
 
 DEFAULT_ENCODING = "base64_int8"  # Perplexity's default
 
@@ -44,8 +56,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/contextualizedembeddings", _contextualized)
 
 
-def parse_documents(value: object) -> list[list[str]]:
-    """``input``: a list of lists of strings (422 otherwise); the counts are checked after."""
+def parse_documents(value: Any, name: str = "input", max_inputs: int = 0) -> list[list[str]]:
+    """``input``: a list of lists of strings (422 otherwise), within Perplexity's counts."""
     if not isinstance(value, list) or not all(
         isinstance(doc, list) and all(isinstance(chunk, str) for chunk in doc) for doc in value
     ):
@@ -56,17 +68,45 @@ def parse_documents(value: object) -> list[list[str]]:
     return value
 
 
+def _documents_schema(max_inputs: int) -> Schema:
+    chunks = {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1}
+    return {
+        "type": "array", "items": chunks, "minItems": 1, "maxItems": MAX_DOCUMENTS,
+        "description": f"Documents, each its chunks in order; at most {MAX_CHUNKS} chunks in all.",
+    }  # fmt: skip
+
+
+@dataclass
+class ContextualizedRequest:
+    DESCRIPTION = "Perplexity's contextualized embeddings body, plus priority."
+
+    model: str = field(Text(), required=True)
+    input: list[list[str]] = field(Shaped(parse_documents, _documents_schema), required=True)
+    dimensions: int | None = field(DIMENSIONS, description=DIMENSIONS_TEXT)
+    encoding_format: str = field(ENCODING, default=DEFAULT_ENCODING)
+    priority: Lane | None = field(PRIORITY, description=PRIORITY_TEXT)
+
+
+def parse_contextualized_request(
+    body: bytes, priority_header: str | None = None
+) -> ContextualizedRequest:
+    request = decode(ContextualizedRequest, body, MAX_DOCUMENTS)
+    if request.priority is None:
+        request.priority = header_lane(priority_header)
+    return request
+
+
 async def _contextualized(request: web.Request) -> web.Response:
     state = request.app[STATE]
     cfg = state.cfg
     start = time.perf_counter()
     body = await read_body(request, cfg.max_body_bytes)
-    common = parse_common(body, request.headers.get(PRIORITY_HEADER), DEFAULT_ENCODING)
-    documents = parse_documents(common.doc.get("input"))
+    req = parse_contextualized_request(body, request.headers.get(PRIORITY_HEADER))
+    documents = req.input
     parsed = time.perf_counter()
     valid = await prepare_documents(
-        state.client, documents, common.model, dims=common.dimensions,
-        kind=ENCODINGS[common.encoding_format], lane=common.lane,
+        state.client, documents, req.model, dims=req.dimensions,
+        kind=ENCODINGS[req.encoding_format], lane=req.priority,
     )  # fmt: skip
     prepared = time.perf_counter()
     result = await state.client.submit(valid, cfg.request_timeout_s)
@@ -74,7 +114,7 @@ async def _contextualized(request: web.Request) -> web.Response:
     rows = account(state, valid, result, prepared - parsed, meshed - prepared)
     assert valid.span_offsets is not None
     out = await render_documents(
-        rows, valid.span_offsets, common.encoding_format, valid.model.name, result.prompt_tokens
+        rows, valid.span_offsets, req.encoding_format, valid.model.name, result.prompt_tokens
     )
     chars = sum(len(chunk) for doc in documents for chunk in doc)
     headers = tei.timing_headers(time.perf_counter() - start, prepared - parsed, result, chars)

@@ -5,7 +5,8 @@ that works offline: its scripts and styles come from the installed ``swagger-ui-
 These routes need no API key, as ``/health``: the description holds no secret (it says a key is
 needed, not which), and a person or a generator reading the API should not need one to start.
 The page's links are relative (``docs/static/...``, ``openapi.json``), so it also works behind a
-proxy that serves the ingress under a path prefix.
+proxy that serves the ingress under a path prefix; ``/docs/`` answers the same page, its links
+written for that base (``static/...``, ``../openapi.json``).
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ window.ui = SwaggerUIBundle({
 </html>
 """
 
+# The same page for "/docs/": relative links resolve against the path's last "/".
+SLASHED_PAGE = PAGE.replace(b"docs/static/", b"static/").replace(
+    b'url: "openapi.json"', b'url: "../openapi.json"'
+)
+
 _DOCUMENT = web.AppKey("embedmesh_openapi", bytes)
 
 
@@ -71,6 +77,7 @@ def add_routes(app: web.Application, cfg: IngressConfig) -> None:
     app[_DOCUMENT] = orjson.dumps(document(cfg))
     app.router.add_get("/openapi.json", _openapi, name="openapi")
     app.router.add_get("/docs", _page, name="docs")
+    app.router.add_get("/docs/", _page, name="docs.slash")
     app.router.add_get("/docs/static/{name}", _asset, name="docs.static")
 
 
@@ -92,8 +99,9 @@ def _check_assets() -> Path:
 
 async def _page(request: web.Request) -> web.Response:
     _check_assets()
-    # "docs/static/..." resolves against /docs's parent: the links need no trailing slash.
-    return web.Response(body=PAGE, content_type="text/html", charset="utf-8")
+    # "docs/static/..." resolves against /docs's parent, "static/..." against /docs/ itself.
+    page = SLASHED_PAGE if request.path.endswith("/") else PAGE
+    return web.Response(body=page, content_type="text/html", charset="utf-8")
 
 
 async def _asset(request: web.Request) -> web.StreamResponse:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import orjson
 from aiohttp import web
@@ -46,11 +47,12 @@ from mesh.client.request import ValidRequest
 from mesh.client.spans import MAX_TOKEN_VECTOR_VALUES, multi_vector, per_token
 from mesh.errors import InvalidInput
 from mesh.ingress import tei
+from mesh.ingress.bodies import Fixed, choice, decode, field
 from mesh.ingress.encodings import render_rows
-from mesh.ingress.http_errors import TEI, ApiError
+from mesh.ingress.http_errors import TEI
 from mesh.ingress.schema import PRIORITY_HEADER, header_lane
 from mesh.ingress.state import STATE, IngressState, account, read_body
-from mesh.ingress.tei_schema import EmbedRequest, embed_request, json_object
+from mesh.ingress.tei_schema import TeiInputsBody
 from proto_msgs import Lane, ModelInfo
 
 FORMATS = ("float", "base64")
@@ -61,65 +63,53 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/embed_multivector", _embed_multivector, name=f"{TEI}.embed_multivector")
 
 
+@dataclass
+class EmbedAllRequest(TeiInputsBody):
+    DESCRIPTION = (
+        "TEI's EmbedAllRequest, plus encoding_format. Raw token states: normalize true and "
+        "dimensions are refused (422)."
+    )
+
+    encoding_format: str = field(choice(*FORMATS), default="float")
+    normalize: bool = field(Fixed(False, "/embed_all"), default=False)
+    dimensions: None = field(Fixed(None, "/embed_all"))
+
+    input_type = "document"  # the same layout for every model
+
+
+@dataclass
+class MultivectorRequest(TeiInputsBody):
+    DESCRIPTION = (
+        "/embed_all's body for the multi-vector head's vectors, plus input_type. The vectors are "
+        "normalized at the head's width: normalize false and dimensions are refused (422)."
+    )
+
+    encoding_format: str = field(choice(*FORMATS), default="float")
+    # A ColBERT model lays out queries and documents its own way ([Q]/[D] marker, [MASK]
+    # expansion, punctuation skiplist); bge-m3's are alike.
+    input_type: str = field(choice(*INPUT_TYPES), default="document")
+    normalize: bool = field(Fixed(True, "/embed_multivector"), default=True)
+    dimensions: None = field(Fixed(None, "/embed_multivector"))
+
+
 def parse_request(
-    body: bytes, max_inputs: int, route: str, normalized: bool, roles: bool
-) -> tuple[EmbedRequest, str, str]:
-    """The body, parsed once: /embed's fields, ``encoding_format``, and ``input_type``
-    (``roles``: only a route with query and document layouts reads it; else "document")."""
-    doc = json_object(body)
-    req = embed_request(doc, max_inputs)
-    encoding_format = _encoding_format(doc)
-    _refuse_pooled_options(doc, route, normalized)
-    return req, encoding_format, _input_type(doc) if roles else "document"
-
-
-def _encoding_format(doc: dict[str, object]) -> str:
-    value = doc.get("encoding_format", "float")
-    if value not in FORMATS:
-        raise ApiError.invalid(
-            f"'encoding_format' must be one of {', '.join(FORMATS)}; got {value!r}",
-            "encoding_format",
-        )
-    return value
-
-
-def _refuse_pooled_options(doc: dict[str, object], route: str, normalized: bool) -> None:
-    """``dimensions`` and ``normalize`` shape a pooled embedding; these routes return token
-    vectors as they are (raw states, or the head's vectors at its own width, ``normalized``),
-    so a body asking for something else is refused rather than answered as if it had been
-    honoured. A null ``dimensions`` counts as absent, as the shared parser reads it, and so
-    does a ``normalize`` that says what the route does anyway."""
-    asked = {name: doc.get(name) for name in ("dimensions", "normalize")}
-    if asked["normalize"] == normalized:
-        asked["normalize"] = None
-    for name, value in asked.items():
-        if value is not None:
-            raise ApiError.invalid(
-                f"'{name}' does not apply to {route}, whose vectors are returned as they are "
-                f"(see GET /info); leave it out",
-                name,
-            )
-
-
-def _input_type(doc: dict[str, object]) -> str:
-    value = doc.get("input_type", "document")
-    if value not in INPUT_TYPES:
-        raise ApiError.invalid(
-            f"'input_type' must be one of {', '.join(INPUT_TYPES)}; got {value!r}", "input_type"
-        )
-    return value
+    body: bytes, max_inputs: int, roles: bool
+) -> EmbedAllRequest | MultivectorRequest:
+    """/embed_all's body or, with ``roles`` (query and document layouts, normalized vectors),
+    /embed_multivector's."""
+    return decode(MultivectorRequest if roles else EmbedAllRequest, body, max_inputs)
 
 
 async def _embed_all(request: web.Request) -> web.Response:
-    return await _token_vectors(request, per_token, normalized=False)
+    return await _token_vectors(request, per_token)
 
 
 async def _embed_multivector(request: web.Request) -> web.Response:
-    return await _token_vectors(request, multi_vector, roles=True, normalized=True)
+    return await _token_vectors(request, multi_vector, roles=True)
 
 
 async def _late_interaction(
-    state: IngressState, info: ModelInfo, req: EmbedRequest, input_type: str, lane: Lane | None
+    state: IngressState, info: ModelInfo, req: TeiInputsBody, input_type: str, lane: Lane | None
 ) -> ValidRequest:
     """A ColBERT model's request: its texts laid out as its queries or documents."""
     texts = req.inputs.texts
@@ -140,18 +130,16 @@ async def _token_vectors(
     request: web.Request,
     rows: Callable[[ValidRequest], ValidRequest],
     roles: bool = False,
-    normalized: bool = False,
 ) -> web.Response:
     """Per input, a vector per token: ``rows`` turns the tokenized request into its spans;
-    ``roles``: the body may say ``input_type`` (a ColBERT model's queries and documents);
-    ``normalized``: whether the route's vectors are unit length."""
+    ``roles``: /embed_multivector's body, which may say ``input_type`` (a ColBERT model's
+    queries and documents)."""
     state = request.app[STATE]
     cfg = state.cfg
     start = time.perf_counter()
     body = await read_body(request, cfg.max_body_bytes)
-    req, encoding_format, input_type = parse_request(
-        body, cfg.max_inputs, request.path, normalized, roles
-    )
+    req = parse_request(body, cfg.max_inputs, roles)
+    encoding_format, input_type = req.encoding_format, req.input_type
     lane = header_lane(request.headers.get(PRIORITY_HEADER))
     info = tei.model_for(state, request)
     parsed = time.perf_counter()

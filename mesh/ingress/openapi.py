@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mesh.ingress.bodies import IGNORED
 from mesh.ingress.config import IngressConfig
 from mesh.ingress.http_errors import OPENAI, TEI
 from mesh.ingress.openapi_bodies import NUM, STR, TEXT, Schema, array, bodies, ref
@@ -109,6 +110,8 @@ OPERATIONS: tuple[Operation, ...] = (
               **_OPEN),
     Operation("get", "/docs", "docs", "The API's page (Swagger UI, served offline)",
               ok_type="text/html", **_OPEN),
+    Operation("get", "/docs/", "docsSlash", "The same page as /docs", ok_type="text/html",
+              **_OPEN),
     Operation("get", "/docs/static/{name}", "docsAsset", "The page's scripts and styles",
               ok_type="application/octet-stream", errors=(404,), **_OPEN),
     Operation("post", "/", "teiRoot", "Embed (TEI's POST /, as InferenceClient sends it)",
@@ -117,7 +120,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/embed", "teiEmbed", "Embed: a bare list of vectors (TEI)",
               body="TeiEmbedRequest", ok=array(array(NUM)), errors=_TEI_WORK,
               headers=_TEI_HEADERS, timed=True, **_TEI_TAGS),
-    Operation("post", "/embed_sparse", "teiEmbedSparse", "A sparse model's largest vocabulary "
+    Operation("post", "/embed_sparse", "teiEmbedSparse", "A sparse model's non-zero vocabulary "
               "weights per input (TEI)", body="TeiSparseRequest", ok=ref("TeiSparseResponse"),
               errors=_TEI_WORK, headers=_TEI_HEADERS, timed=True, **_TEI_TAGS),
     Operation("post", "/embed_all", "teiEmbedAll", "Every token's final hidden state (TEI)",
@@ -200,7 +203,8 @@ def _operation(op: Operation, keyed: bool) -> Schema:
     if params:
         doc["parameters"] = params
     if op.body is not None:
-        doc["requestBody"] = {"required": True, "content": {JSON: {"schema": ref(op.body)}}}
+        doc["requestBody"] = {"required": True, "description": IGNORED,
+                              "content": {JSON: {"schema": ref(op.body)}}}  # fmt: skip
     doc["responses"] = _responses(op, guarded)
     doc["security"] = [{"bearer": []}] if guarded else []
     return doc

@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import orjson
@@ -38,9 +39,9 @@ from mesh.client.pairs import ScoreInput
 from mesh.client.scores import activate
 from mesh.errors import InvalidInput
 from mesh.ingress import tei
+from mesh.ingress.bodies import Flag, Integer, Schema, Shaped, Text, decode, field
 from mesh.ingress.http_errors import TEI, ApiError
-from mesh.ingress.schema import PRIORITY_HEADER, header_lane, json_type
-from mesh.ingress.schema import _lane as body_or_header_lane
+from mesh.ingress.schema import PRIORITY, PRIORITY_HEADER, PRIORITY_TEXT, header_lane
 from mesh.ingress.state import STATE, IngressState, account, read_body
 from mesh.ingress.tei_schema import parse_predict_request, parse_rerank_request
 from proto_msgs import Lane, ModelInfo
@@ -142,17 +143,63 @@ async def _tei_predict(request: web.Request) -> web.Response:
     return _response(answers if req.batched else answers[0], scored, start, chars)
 
 
+def _documents(value: Any, name: str, max_inputs: int) -> list[str]:
+    shape = "'documents' must be a list of strings or of objects with a 'text' string"
+    if not isinstance(value, list):
+        raise ApiError.invalid(shape, "documents")
+    if not value:
+        raise ApiError.invalid("'documents' cannot be empty", "documents")
+    if len(value) > max_inputs:
+        raise ApiError.too_large(
+            f"{len(value)} documents; at most {max_inputs} per request", "documents"
+        )
+    texts = [v.get("text") if isinstance(v, dict) else v for v in value]
+    if not all(isinstance(t, str) for t in texts):
+        raise ApiError.invalid(shape, "documents")
+    return texts
+
+
+def _documents_schema(max_inputs: int) -> Schema:
+    text = {"type": "string"}
+    item = {"oneOf": [text, {"type": "object", "properties": {"text": text},
+                             "required": ["text"]}]}  # fmt: skip
+    return {"type": "array", "items": item, "minItems": 1, "maxItems": max_inputs}
+
+
 @dataclass
 class V1RerankRequest:
-    model: str
-    query: str
-    documents: list[str]
-    top_n: int | None = None
-    return_documents: bool = True
-    lane: Lane | None = None
+    """The Cohere / Jina / vLLM rerank body (400 not an object, 422 a bad value, 413 too many
+    documents)."""
+
+    DESCRIPTION = "The Cohere / Jina / vLLM rerank body, plus priority."
+
+    model: str = field(Text(), required=True)
+    query: str = field(Text(), required=True)
+    documents: list[str] = field(Shaped(_documents, _documents_schema), required=True)
+    top_n: int | None = field(Integer(minimum=1))
+    return_documents: bool = field(Flag(), default=True)
     # Cohere and Jina cut long documents rather than refuse the request, and their clients
     # expect it: truncation is on unless the body says "truncate": false (our extension).
-    truncate: bool = True
+    truncate: bool = field(
+        Flag(),
+        default=True,
+        description="Cut over-long documents, as Cohere and Jina do; false: 422 instead.",
+    )
+    # ``priority`` in the body (ours, as on /v1/embeddings), else the header.
+    priority: Lane | None = field(PRIORITY, description=PRIORITY_TEXT)
+
+    @property
+    def lane(self) -> Lane | None:
+        return self.priority
+
+
+def parse_v1_rerank_request(
+    body: bytes, max_inputs: int, priority_header: str | None = None
+) -> V1RerankRequest:
+    request = decode(V1RerankRequest, body, max_inputs)
+    if request.priority is None:
+        request.priority = header_lane(priority_header)
+    return request
 
 
 async def _rerank(request: web.Request) -> web.Response:
@@ -183,61 +230,3 @@ async def _rerank(request: web.Request) -> web.Response:
     }
     chars = len(req.query) * len(req.documents) + sum(map(len, req.documents))
     return _response(doc, scored, start, chars)
-
-
-def parse_v1_rerank_request(
-    body: bytes, max_inputs: int, priority_header: str | None = None
-) -> V1RerankRequest:
-    """The Cohere / Jina / vLLM rerank body, checked by hand as ``schema`` checks the
-    embeddings one (400 not an object, 422 a bad value, 413 too many documents)."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError.malformed(f"the body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ApiError.malformed("the body must be a JSON object")
-    model, query = doc.get("model"), doc.get("query")
-    if not isinstance(model, str) or not model:
-        raise ApiError.invalid("'model' is required: a non-empty string", "model")
-    if not isinstance(query, str) or not query:
-        raise ApiError.invalid("'query' is required: a non-empty string", "query")
-    top_n = doc.get("top_n")
-    if top_n is not None and (type(top_n) is not int or top_n < 1):
-        raise ApiError.invalid(f"'top_n' must be a positive integer; got {top_n!r}", "top_n")
-    flag = doc.get("return_documents", True)
-    if not isinstance(flag, bool):
-        raise ApiError.invalid(
-            f"'return_documents' must be true or false; got {json_type(flag)}",
-            "return_documents",
-        )
-    truncate = doc.get("truncate", True)
-    if not isinstance(truncate, bool):
-        raise ApiError.invalid(
-            f"'truncate' must be true or false; got {json_type(truncate)}", "truncate"
-        )
-    return V1RerankRequest(
-        model=model,
-        query=query,
-        documents=_documents(doc.get("documents"), max_inputs),
-        top_n=top_n,
-        return_documents=flag,
-        truncate=truncate,
-        # ``priority`` in the body (ours, as on /v1/embeddings), else the header.
-        lane=body_or_header_lane(doc.get("priority"), priority_header),
-    )
-
-
-def _documents(value: object, max_inputs: int) -> list[str]:
-    shape = "'documents' must be a list of strings or of objects with a 'text' string"
-    if not isinstance(value, list):
-        raise ApiError.invalid(shape, "documents")
-    if not value:
-        raise ApiError.invalid("'documents' cannot be empty", "documents")
-    if len(value) > max_inputs:
-        raise ApiError.too_large(
-            f"{len(value)} documents; at most {max_inputs} per request", "documents"
-        )
-    texts = [v.get("text") if isinstance(v, dict) else v for v in value]
-    if not all(isinstance(t, str) for t in texts):
-        raise ApiError.invalid(shape, "documents")
-    return texts  # type: ignore[return-value]

@@ -1,4 +1,6 @@
-"""``POST /v1/embeddings`` bodies: parsed and checked by hand, without a model-validation layer.
+"""``POST /v1/embeddings``'s body, declared once (``mesh.ingress.bodies``), and what the
+OpenAI-shaped routes share with it: the ``priority`` field and header, ``encoding_format``,
+``dimensions``, the inputs as texts or token ids.
 
 The checks that need no catalog happen here (shape, types, emptiness, counts, enum values);
 those that need the model (``dimensions`` range, token limit, vocabulary) happen once, in the
@@ -13,170 +15,82 @@ follows the request's size.
 prompts (``GET /v1/models/{model}`` lists them), whose text is put before every input text;
 without it the model's default prompt applies, if it has one. Token-id input is embedded as
 given: a ``prompt_name`` with it is a 422, as is a name the model does not have.
+
+``truncate`` (TEI's field, taken here too): true cuts inputs over the model's limit, false
+refuses them (422); absent, the server's ``--auto-truncate`` decides. ``user`` is OpenAI's and
+is accepted and ignored; other unknown fields are ignored, as the route's description says.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-import orjson
 
+from mesh.ingress.bodies import (
+    Choice,
+    Flag,
+    Integer,
+    Schema,
+    Shaped,
+    Text,
+    decode,
+    field,
+    json_type,
+)
 from mesh.ingress.encodings import ENCODINGS
 from mesh.ingress.http_errors import ApiError
 from proto_msgs import Lane
+
+__all__ = ["EmbeddingsRequest", "Inputs", "json_type", "parse_embeddings_request"]
 
 PRIORITY_HEADER = "X-Embedmesh-Priority"
 # The values of the body's ``priority`` and of the header: the lane each asks for.
 PRIORITIES: dict[str, Lane] = {"interactive": Lane.INTERACTIVE, "batch": Lane.BATCH}
 
 
-@dataclass
-class EmbeddingsRequest:
-    """One request, with its inputs either as texts or as token ids (never both)."""
+@dataclass(slots=True)
+class Inputs:
+    """A request's inputs as texts or as token id lists (concatenated, with offsets), never
+    both."""
 
-    model: str
-    encoding_format: str  # a key of ENCODINGS
-    dimensions: int | None
-    lane: Lane | None = None  # the client's choice; None: by size
     texts: list[str] | None = None
     token_ids: np.ndarray | None = None  # int64, all sequences concatenated
     offsets: np.ndarray | None = None  # int64, n + 1 entries
-    prompt_name: str | None = None  # one of the model's prompts; None: its default, if any
 
     @property
-    def n_inputs(self) -> int:
+    def n(self) -> int:
         if self.texts is not None:
             return len(self.texts)
         assert self.offsets is not None
         return len(self.offsets) - 1
 
-
-def parse_embeddings_request(
-    body: bytes, max_inputs: int, priority_header: str | None = None
-) -> EmbeddingsRequest:
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError.malformed(f"the body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ApiError.malformed("the body must be a JSON object")
-    model = doc.get("model")
-    if model is None:
-        raise ApiError.invalid("'model' is required", "model")
-    if not isinstance(model, str) or not model:
-        raise ApiError.invalid("'model' must be a non-empty string", "model")
-    user = doc.get("user")
-    if user is not None and not isinstance(user, str):
-        raise ApiError.invalid("'user' must be a string", "user")
-    request = EmbeddingsRequest(
-        model=model,
-        encoding_format=_encoding_format(doc.get("encoding_format")),
-        dimensions=_dimensions(doc.get("dimensions")),
-        lane=_lane(doc.get("priority"), priority_header),
-        prompt_name=_prompt_name(doc.get("prompt_name")),
-    )
-    if "input" not in doc:
-        raise ApiError.invalid("'input' is required", "input")
-    _parse_input(doc["input"], request, max_inputs)
-    if request.prompt_name is not None and request.texts is None:
-        raise ApiError.invalid(
-            "'prompt_name' applies to text input only; token ids are embedded as given",
-            "prompt_name",
-        )
-    return request
+    @property
+    def chars(self) -> int:
+        """TEI's ``x-compute-characters``: characters of texts, or the number of ids."""
+        if self.texts is not None:
+            return sum(map(len, self.texts))
+        assert self.token_ids is not None
+        return len(self.token_ids)
 
 
-@dataclass
-class CommonFields:
-    """What the OpenAI-shaped routes other than ``/v1/embeddings`` share with it (model,
-    encoding, dimensions, lane), and the body object for their own fields."""
-
-    doc: dict[str, object]
-    model: str
-    encoding_format: str
-    dimensions: int | None
-    lane: Lane | None
-
-
-def parse_common(
-    body: bytes, priority_header: str | None, default_encoding: str = "float"
-) -> CommonFields:
-    """Parse a JSON object body and its common fields, with this module's statuses."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError.malformed(f"the body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ApiError.malformed("the body must be a JSON object")
-    model = doc.get("model")
-    if not isinstance(model, str) or not model:
-        raise ApiError.invalid("'model' is required, a non-empty string", "model")
-    encoding = doc.get("encoding_format")
-    return CommonFields(
-        doc=doc,
-        model=model,
-        encoding_format=_encoding_format(default_encoding if encoding is None else encoding),
-        dimensions=_dimensions(doc.get("dimensions")),
-        lane=_lane(doc.get("priority"), priority_header),
-    )
+def _input_schema(max_inputs: int) -> Schema:
+    text = {"type": "string", "minLength": 1}
+    ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+    many = {"minItems": 1, "maxItems": max_inputs}
+    return {
+        "oneOf": [text, {"type": "array", "items": text, **many}, ids,
+                  {"type": "array", "items": ids, **many}],
+        "description": "A text, texts, a list of token ids or lists of token ids.",
+    }  # fmt: skip
 
 
-def _prompt_name(value: object) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ApiError.invalid("'prompt_name' must be a non-empty string", "prompt_name")
-    return value
-
-
-def _encoding_format(value: object) -> str:
-    if value is None:
-        return "float"
-    if not isinstance(value, str) or value not in ENCODINGS:
-        raise ApiError.invalid(
-            f"'encoding_format' must be one of {', '.join(ENCODINGS)}; got {value!r}",
-            "encoding_format",
-        )
-    return value
-
-
-def header_lane(header_value: str | None) -> Lane | None:
-    """The lane the ``X-Embedmesh-Priority`` header asks for (routes without a body field)."""
-    return _lane(None, header_value)
-
-
-def _lane(body_value: object, header_value: str | None) -> Lane | None:
-    if body_value is not None:
-        return _priority(body_value, "'priority'", "priority")
-    if header_value is not None:
-        return _priority(header_value.strip().lower(), f"the {PRIORITY_HEADER} header", None)
-    return None
-
-
-def _priority(value: object, where: str, param: str | None) -> Lane:
-    if not isinstance(value, str) or value not in PRIORITIES:
-        raise ApiError.invalid(
-            f"{where} must be one of {', '.join(PRIORITIES)}; got {value!r}",
-            param or PRIORITY_HEADER,
-        )
-    return PRIORITIES[value]
-
-
-def _dimensions(value: object) -> int | None:
-    if value is None:
-        return None
-    if type(value) is not int:  # bool is an int subclass; 3.0 is not an integer here
-        raise ApiError.invalid("'dimensions' must be an integer", "dimensions")
-    if value < 1:
-        raise ApiError.invalid(f"'dimensions' must be at least 1; got {value}", "dimensions")
-    return value
-
-
-def _parse_input(value: object, request: EmbeddingsRequest, max_inputs: int) -> None:
+def _parse_input(value: Any, name: str, max_inputs: int) -> Inputs:
     if isinstance(value, str):
         if not value:
             raise ApiError.invalid("'input' must not be an empty string", "input")
-        request.texts = [value]
-        return
+        return Inputs(texts=[value])
     if not isinstance(value, list):
         raise ApiError.invalid(
             "'input' must be a string, a list of strings, a list of token ids or a list of "
@@ -187,16 +101,15 @@ def _parse_input(value: object, request: EmbeddingsRequest, max_inputs: int) -> 
         raise ApiError.invalid("'input' must not be an empty list", "input")
     first = value[0]
     if isinstance(first, str):
-        request.texts = _texts(value, max_inputs)
-    elif type(first) is int:
-        request.token_ids, request.offsets = _token_lists([value], max_inputs, nested=False)
-    elif isinstance(first, list):
-        request.token_ids, request.offsets = _token_lists(value, max_inputs, nested=True)
-    else:
-        raise ApiError.invalid(
-            f"input[0] must be a string, a token id or a list of token ids; got {json_type(first)}",
-            "input",
-        )
+        return Inputs(texts=_texts(value, max_inputs))
+    if type(first) is int:
+        return Inputs(*_token_lists([value], max_inputs, nested=False))
+    if isinstance(first, list):
+        return Inputs(*_token_lists(value, max_inputs, nested=True))
+    raise ApiError.invalid(
+        f"input[0] must be a string, a token id or a list of token ids; got {json_type(first)}",
+        "input",
+    )
 
 
 def _check_count(n: int, max_inputs: int) -> None:
@@ -221,7 +134,7 @@ def _texts(items: list[object], max_inputs: int) -> list[str]:
 
 def _token_lists(
     seqs: list[object], max_inputs: int, *, nested: bool
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[None, np.ndarray, np.ndarray]:
     _check_count(len(seqs), max_inputs)
     lengths = np.zeros(len(seqs), dtype=np.int64)
     for i, seq in enumerate(seqs):
@@ -247,17 +160,89 @@ def _token_lists(
         )
     except OverflowError:
         raise ApiError.invalid("token ids must fit in 64 bits", "input") from None
-    return ids, offsets
+    return None, ids, offsets
 
 
-def json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    return {
-        bool: "a boolean",
-        int: "a number",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "an object",
-    }.get(type(value), type(value).__name__)
+ENCODING = Choice({name: name for name in ENCODINGS})
+PRIORITY = Choice(PRIORITIES)
+PRIORITY_TEXT = (
+    f"The lane of every queue on the path; the {PRIORITY_HEADER} header does the same, the "
+    "body wins. Without either, requests over 1024 tokens go to the batch lane."
+)
+DIMENSIONS = Integer(minimum=1)
+DIMENSIONS_TEXT = (
+    "Keep the first d components (Matryoshka), renormalized; at most the model's width "
+    "(422 beyond)."
+)
+PROMPT_NAME_TEXT = (
+    "One of the model's sentence-transformers prompts (GET /v1/models/{model} lists them), put "
+    "before every input text; text input only. Absent: the model's default."
+)
+TRUNCATE_TEXT = "Cut inputs over the model's limit; absent: the server's --auto-truncate."
+
+
+@dataclass
+class EmbeddingsRequest:
+    """One ``/v1/embeddings`` body, declared once: decoded and checked by
+    :func:`mesh.ingress.bodies.decode`, described by ``schema_of``."""
+
+    DESCRIPTION = "OpenAI's embeddings body, plus prompt_name, priority and truncate (TEI's)."
+
+    model: str = field(Text(), required=True, description="A served name or an alias.")
+    input: Inputs = field(Shaped(_parse_input, _input_schema), required=True)
+    user: str | None = field(Text(min_length=0), description="Accepted, ignored.")
+    encoding_format: str = field(ENCODING, default="float")
+    dimensions: int | None = field(DIMENSIONS, description=DIMENSIONS_TEXT)
+    priority: Lane | None = field(PRIORITY, description=PRIORITY_TEXT)
+    prompt_name: str | None = field(Text(), description=PROMPT_NAME_TEXT)
+    truncate: bool | None = field(Flag(), description=TRUNCATE_TEXT)
+
+    def __post_init__(self) -> None:
+        if self.prompt_name is not None and self.input.texts is None:
+            raise ApiError.invalid(
+                "'prompt_name' applies to text input only; token ids are embedded as given",
+                "prompt_name",
+            )
+
+    @property
+    def lane(self) -> Lane | None:
+        """The client's choice of lane (the body's, else the header's); None: by size."""
+        return self.priority
+
+    @property
+    def texts(self) -> list[str] | None:
+        return self.input.texts
+
+    @property
+    def token_ids(self) -> np.ndarray | None:
+        return self.input.token_ids
+
+    @property
+    def offsets(self) -> np.ndarray | None:
+        return self.input.offsets
+
+    @property
+    def n_inputs(self) -> int:
+        return self.input.n
+
+
+def parse_embeddings_request(
+    body: bytes, max_inputs: int, priority_header: str | None = None
+) -> EmbeddingsRequest:
+    request = decode(EmbeddingsRequest, body, max_inputs)
+    if request.priority is None and priority_header is not None:
+        request.priority = header_lane(priority_header)
+    return request
+
+
+def header_lane(header_value: str | None) -> Lane | None:
+    """The lane the ``X-Embedmesh-Priority`` header asks for (routes without a body field)."""
+    if header_value is None:
+        return None
+    value = header_value.strip().lower()
+    if value not in PRIORITIES:
+        raise ApiError.invalid(
+            f"the {PRIORITY_HEADER} header must be one of {', '.join(PRIORITIES)}; got {value!r}",
+            PRIORITY_HEADER,
+        )
+    return PRIORITIES[value]

@@ -3,13 +3,18 @@ an embedder's lexical weights (bge-m3: ``ModelInfo.lexical``, worker/engine/lexi
 
 The body is TEI's (``inputs``, ``truncate``, ``truncation_direction``, ``prompt_name``, as
 ``/embed`` takes them), plus two fields of ours that bound the answer: ``top_k``, the most
-(index, value) pairs per input, the largest values (default ``SPARSE_TOP_K`` = 256, at most
-``SPARSE_TOP_K_MAX`` = 2048; a SPLADE query has tens of non-zero weights, a passage up to a few
-hundred, so the default cuts only the long tail of long passages), and ``threshold``, the value
-a pair must exceed (default 0: every non-zero weight, as TEI). The answer is TEI's: per input a
-list of ``{"index": token id, "value": weight}`` sorted by index, always a list of such lists.
-TEI returns every non-zero weight; here the worker keeps the ``top_k`` largest on the device,
-so a response is bounded whatever the model.
+(index, value) pairs per input, the largest values (from 1 to the model's vocabulary size), and
+``threshold``, the value a pair must exceed (default 0). Without them the answer is TEI's:
+every non-zero weight of each input, as a list of ``{"index": token id, "value": weight}``
+sorted by index, always a list of such lists.
+
+The bound is explicit and on the worst case: an input may answer up to ``top_k`` pairs (its
+whole vocabulary without ``top_k``: what the model gives is not known before it runs), so a
+request whose inputs x ``top_k`` (x the vocabulary) is over ``MAX_SPARSE_PAIRS``
+(``mesh.config``; ``GET /info`` says it as ``max_embed_sparse_pairs``) is refused with 413
+before any work, saying how many inputs fit or which ``top_k`` would
+(``mesh.client.request.sparse_options``). What travels is what was kept: the worker's rows are
+as wide as the most weights one row of the batch kept.
 
 It goes through the one front door (``tei._front_door``, then ``MeshClient.prepare_texts`` /
 ``prepare_tokens`` with the output kind "sparse"): the same validation, lanes, admission and
@@ -65,7 +70,8 @@ async def _embed_sparse(request: web.Request) -> web.Response:
 
 def sparse_objects(rows: np.ndarray, vocab_size: int) -> list[list[dict[str, object]]]:
     """TEI's ``[[{"index", "value"}, ...], ...]`` from the worker's rows (float32 ``[n, 2k]``:
-    k ids then k values, zero-padded; proto_msgs.OUTPUT_KINDS "sparse"). A pad has value 0;
+    k ids then k values, zero-padded, k at most top_k; proto_msgs.OUTPUT_KINDS "sparse"). A pad
+    has value 0;
     an id outside the vocabulary is the mesh's fault."""
     if rows.ndim != 2 or rows.shape[1] % 2:
         raise ProtocolViolation(f"sparse rows must be [n, 2k]; got {rows.shape}")

@@ -48,15 +48,14 @@ from aiohttp import web
 from mesh.client import EmbedResult, ValidRequest
 from mesh.client.request import prompt_text
 from mesh.client.spans import MAX_TOKEN_VECTOR_VALUES
-from mesh.config import MAX_BATCH_REQUESTS, MAX_BATCH_TOKENS_CPU
+from mesh.config import MAX_BATCH_REQUESTS, MAX_BATCH_TOKENS_CPU, MAX_SPARSE_PAIRS
 from mesh.errors import InvalidInput, ModelNotFound, Unavailable
 from mesh.ingress.encodings import render_vectors_sliced
 from mesh.ingress.http_errors import TEI
 from mesh.ingress.schema import PRIORITY_HEADER, header_lane
 from mesh.ingress.state import STATE, IngressState, account, json_response, read_body
 from mesh.ingress.tei_schema import (
-    EmbedRequest,
-    SparseRequest,
+    TeiInputsBody,
     parse_decode_request,
     parse_embed_request,
     parse_tokenize_request,
@@ -173,17 +172,15 @@ async def _embed(request: web.Request) -> web.Response:
 
 
 async def _front_door(
-    state: IngressState, copies: TeiTokenizers, info: ModelInfo, req: EmbedRequest,
+    state: IngressState, copies: TeiTokenizers, info: ModelInfo, req: TeiInputsBody,
     lane: Lane | None,
 ) -> ValidRequest:  # fmt: skip
     """The client validates (tokenizing texts) once; truncation from the left is done here
     first (the client's tokenizer cuts from the right), then checked as given ids."""
     client = state.client
     truncate = state.cfg.auto_truncate if req.truncate is None else req.truncate
-    options = {"dims": req.dimensions, "normalize": req.normalize, "lane": lane,
-               "truncate": truncate}  # fmt: skip
-    if isinstance(req, SparseRequest):  # /embed_sparse: a sparse model's largest weights
-        options.update(kind="sparse", top_k=req.top_k, threshold=req.threshold)
+    # The body's output options: /embed's dims and normalize, /embed_sparse's kind and bounds.
+    options = {**req.options(), "lane": lane, "truncate": truncate}
     inputs = req.inputs
     left = truncate and req.direction == "left"
     if inputs.texts is not None and not left:
@@ -267,12 +264,12 @@ def model_type(model: ModelInfo) -> dict[str, object]:
 def info_doc(model: ModelInfo, state: IngressState) -> dict[str, object]:
     """TEI's ``Info``. The batch limits are the largest budget among the model's live
     workers, as the broker's catalog says (the mesh's CPU defaults from a broker too old to
-    say); the worker's dtype is not in the catalog, so it is "unknown"."""
+    say); the dtype is the worker's card's ("unknown" from a worker too old to say)."""
     cfg = state.cfg
     return {
         "model_id": next((a for a in model.aliases if "/" in a), model.name),
         "model_sha": None,
-        "model_dtype": "unknown",
+        "model_dtype": model.dtype or "unknown",
         "served_model_name": model.name,
         "model_type": model_type(model),
         "max_concurrent_requests": MAX_CONCURRENT_REQUESTS,
@@ -294,6 +291,9 @@ def info_doc(model: ModelInfo, state: IngressState) -> dict[str, object]:
             "query_length": model.late_interaction.query_length,
             "document_length": model.late_interaction.document_length,
         },
+        # Ours: the most (index, value) pairs one /embed_sparse request may ask for, inputs x
+        # top_k (x the vocabulary without top_k): 413 beyond.
+        "max_embed_sparse_pairs": MAX_SPARSE_PAIRS,
         # Ours: true for an embedder that /embed_sparse also takes (bge-m3's lexical weights).
         "embed_sparse": model.task == "sparse" or model.lexical,
         "version": VERSION,

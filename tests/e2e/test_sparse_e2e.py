@@ -1,7 +1,8 @@
 """A sparse (SPLADE) model served by a real broker and worker, through HTTP: TEI's
-``/embed_sparse`` equals ``SparseEncoder.encode`` (its top_k largest weights, sorted by index),
-``top_k`` and ``threshold`` bound the answer, token-id input, ``/info``'s model type, and the
-errors: dense routes to the sparse model, ``/embed_sparse`` to a dense model, bad bounds.
+``/embed_sparse`` equals ``SparseEncoder.encode`` (every non-zero weight, sorted by index, as
+TEI), ``top_k`` and ``threshold`` bound the answer, token-id input, ``/info``'s model type, and
+the errors: dense routes to the sparse model, ``/embed_sparse`` to a dense model, bad bounds,
+an answer that could be over the size bound.
 
 The sparse worker has a small batch budget, so a request of many texts is cut across batches."""
 
@@ -14,7 +15,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from mesh.config import SPARSE_TOP_K, SPARSE_TOP_K_MAX
+from mesh.config import MAX_SPARSE_PAIRS
 from tests.e2e.conftest import in_process_ingress
 from tests.integration.conftest import Mesh
 from tests.st_models import build_splade, build_st_model, build_tiny_bert
@@ -81,14 +82,15 @@ def _check_top(pairs: list[dict], ref: np.ndarray, k: int, threshold: float = 0.
     np.testing.assert_allclose(np.sort(values)[::-1], top, rtol=1e-4, atol=1e-6)
 
 
-async def test_embed_sparse_equals_sparse_encoder_top_weights(
+async def test_embed_sparse_equals_sparse_encoder_every_weight(
     url: str, reference: np.ndarray
 ) -> None:
     status, body = await _post(url, "/embed_sparse", {"inputs": TEXTS}, SPARSE)
     assert status == 200, body
     assert len(body) == len(TEXTS)
     for pairs, ref in zip(body, reference, strict=True):
-        _check_top(pairs, ref, SPARSE_TOP_K)
+        _check_top(pairs, ref, ref.shape[0])  # every non-zero weight, as TEI
+        assert len(pairs) == int((ref > 0).sum())
     # One string: still a list of lists, as TEI answers.
     status, one = await _post(url, "/embed_sparse", {"inputs": TEXTS[3]}, SPARSE)
     assert status == 200 and len(one) == 1 and one[0] == body[3]
@@ -130,7 +132,7 @@ async def test_info_reports_splade_pooling(url: str) -> None:
         ("/embed", {"inputs": "x"}, SPARSE, "sparse (SPLADE) model"),
         ("/v1/embeddings", {"input": "x", "model": SPARSE}, None, "sparse (SPLADE) model"),
         ("/embed_sparse", {"inputs": "x"}, DENSE, "no sparse weights"),
-        ("/embed_sparse", {"inputs": "x", "top_k": SPARSE_TOP_K_MAX + 1}, SPARSE, "top_k"),
+        ("/embed_sparse", {"inputs": "x", "top_k": 10**6}, SPARSE, "top_k"),
         ("/embed_sparse", {"inputs": "x", "top_k": 0}, SPARSE, "top_k"),
         ("/embed_sparse", {"inputs": "x", "threshold": -1}, SPARSE, "threshold"),
     ],
@@ -144,3 +146,12 @@ async def test_what_a_model_does_not_do_is_a_422_naming_it(
     assert words in message
     if path != "/v1/embeddings":
         assert err["error_type"] == "Validation"
+
+
+async def test_an_answer_that_could_be_over_the_bound_is_413_naming_top_k(
+    url: str, reference: np.ndarray
+) -> None:
+    n = MAX_SPARSE_PAIRS // reference.shape[1] + 1
+    status, err = await _post(url, "/embed_sparse", {"inputs": ["x"] * n}, SPARSE)
+    assert status == 413 and err["error_type"] == "Validation", err
+    assert "set 'top_k'" in err["error"] and f"send at most {n - 1} inputs" in err["error"]

@@ -132,6 +132,7 @@ def test_info_describes_the_model(ingress: Ingress) -> None:
     assert info["model_type"] == {"embedding": {"pooling": "mean"}}
     assert info["max_input_length"] == MAX_TOKENS and info["max_client_batch_size"] == 2048
     assert isinstance(info["max_batch_tokens"], int) and isinstance(info["version"], str)
+    assert info["model_dtype"] == "float32"  # the CPU worker's default, from its card
     assert call(ingress, "/info")[0] == 401  # guarded like TEI's, when a key is set
 
 

@@ -79,9 +79,11 @@ def test_bf16_lexical_weights_match_fp32_flag_embedding_formula_on_the_gpu(
             np.flatnonzero(np.maximum(got, want) < 0.05 * want.max())
         )
     rows = sparse_rows(weights, top_k=8).cpu().numpy()
+    k = rows.shape[1] // 2  # the most pairs a row kept: at most 8
+    assert 1 <= k <= 8
     for row, w in zip(rows, weights.cpu().numpy(), strict=True):
-        kept = row[8:] > 0
-        assert kept.any() == w.any() and np.all(np.diff(row[:8][kept]) > 0)
+        kept = row[k:] > 0
+        assert kept.any() == w.any() and np.all(np.diff(row[:k][kept]) > 0)
     # The eager forward's pooled vectors are the graph path's.
     dense = engine.embed(ids, offsets).float()
     cos = torch.nn.functional.cosine_similarity(pooled.float(), dense, dim=1)

@@ -11,7 +11,8 @@ would be gigabytes), each chunk pooled into its sequences with one ``scatter_red
 or ``index_add`` into a ``[n, vocab]`` fp32 buffer, no loop over sequences.
 
 What leaves the device is bounded (:func:`sparse_rows`): per text its ``top_k`` largest weights
-over ``threshold``, as (id, weight) pairs sorted by id, as TEI's ``/embed_sparse`` lists them.
+over ``threshold`` (every one when ``top_k`` covers the vocabulary, the default), as (id,
+weight) pairs sorted by id, as TEI's ``/embed_sparse`` lists them.
 
 On CUDA a sparse model runs eagerly (FlashInfer attention, no CUDA graphs). The graphs pay off
 where the host cannot launch a batch's ~100 small kernels ahead of the GPU (MiniLM's 2 ms
@@ -127,20 +128,29 @@ def load_sparse_head(
 
 
 def sparse_rows(weights: torch.Tensor, top_k: int, threshold: float = 0.0) -> torch.Tensor:
-    """The wire rows of the output kind "sparse" (proto_msgs.OUTPUT_KINDS): ``float32 [n, 2k]``
-    with ``k = min(top_k, vocab)``, per row the ids of its ``k`` largest weights that exceed
-    ``threshold`` (as floats, exact below 2**24) sorted by id, then those weights; the unused
-    tail is zeros (a weight of 0 never exceeds a threshold >= 0, so a reader drops it). On the
-    weights' device, without a host synchronization."""
+    """The wire rows of the output kind "sparse" (proto_msgs.OUTPUT_KINDS): ``float32 [n, 2w]``,
+    per row the ids of its ``min(top_k, vocab)`` largest weights that exceed ``threshold`` (as
+    floats, exact below 2**24) sorted by id, then those weights; ``w`` is the most pairs any
+    row kept (at least 1), the unused tail zeros (a weight of 0 never exceeds a threshold >= 0,
+    so a reader drops it). On the weights' device, with one host synchronization (``w``)."""
     if weights.dim() != 2:
         raise ValueError(f"weights must be [n, vocab], got shape {tuple(weights.shape)}")
     if top_k < 1 or not threshold >= 0.0:
         raise ValueError(f"top_k must be positive and threshold >= 0; got {top_k}, {threshold}")
     vocab = weights.shape[1]
-    values, ids = weights.float().topk(min(top_k, vocab), dim=1)
+    if top_k >= vocab:  # every weight (the default, as TEI): no selection, only the order
+        values = weights.float()
+        ids = torch.arange(vocab, device=weights.device).expand(weights.shape[0], vocab)
+    else:
+        values, ids = weights.float().topk(top_k, dim=1)
     kept = values > threshold
     # Dropped pairs sort last under the key ``vocab``; kept ones by id, as TEI lists them.
     key, order = torch.where(kept, ids, vocab).sort(dim=1)
+    # Rows as wide as the most pairs a row kept, not k: every weight of a 30,522-entry
+    # vocabulary is about a hundred kept per text. The one host synchronization: the rows are
+    # copied to the host next anyway.
+    width = max(1, int(kept.sum(dim=1).max())) if kept.numel() else 1
+    key, order = key[:, :width], order[:, :width]
     kept = key < vocab
     values = torch.where(kept, values.gather(1, order), 0.0)
     return torch.cat([torch.where(kept, key, 0).float(), values], dim=1).contiguous()

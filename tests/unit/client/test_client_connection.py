@@ -18,6 +18,7 @@ from proto_msgs import (
     OutputOptions,
     Ping,
     Pong,
+    ProtocolError,
     RequestResult,
     SubmitRequest,
     decode,
@@ -78,6 +79,26 @@ async def test_every_sequence_out_of_order_still_lands_by_index() -> None:
     pending = _Pending(future=asyncio.get_running_loop().create_future(), n=3, tokens=9)
     assert pending.add(chunk([2, 0, 1], {}))
     assert pending.result().embeddings[:, 0].tolist() == [0.0, 1.0, 2.0]
+
+
+async def test_sparse_chunks_of_other_widths_widen_each_half_with_pads() -> None:
+    """Each batch sends rows as wide as the most weights one of its rows kept."""
+    pending = _Pending(asyncio.get_running_loop().create_future(), n=3, tokens=9, sparse=True)
+
+    def sparse(indices: list[int], rows: list[list[float]]) -> RequestResult:
+        return RequestResult(cid=1, prompt_tokens=3, indices=np.array(indices, dtype=np.int32),
+                             embeddings=np.array(rows, dtype=np.float32))  # fmt: skip
+
+    assert not pending.add(sparse([0], [[7, 0.5]]))  # k = 1: id 7, weight 0.5
+    assert not pending.add(sparse([2], [[1, 4, 9, 0.25, 0.75, 1.0]]))  # k = 3
+    assert pending.add(sparse([1], [[2, 3, 0.125, 2.0]]))  # k = 2
+    assert pending.result().embeddings.tolist() == [
+        [7, 0, 0, 0.5, 0, 0], [2, 3, 0, 0.125, 2.0, 0], [1, 4, 9, 0.25, 0.75, 1.0],
+    ]  # fmt: skip
+    dense = _Pending(asyncio.get_running_loop().create_future(), n=2, tokens=6)
+    dense.add(sparse([0], [[7, 0.5]]))
+    with pytest.raises(ProtocolError, match="disagree on width"):
+        dense.add(sparse([1], [[2, 3, 0.125, 2.0]]))
 
 
 class _Linked:

