@@ -12,10 +12,7 @@ import pytest
 import yaml
 
 from mesh.transport import generate_keys
-from tests.unit.deploy.k8s_objects import DEPLOY
-
-K8S = DEPLOY / "k8s"
-OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if p.is_dir())
+from tests.unit.deploy.k8s_objects import K8S, OVERLAYS
 
 
 def _kubectl() -> str:

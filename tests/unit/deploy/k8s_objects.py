@@ -208,3 +208,5 @@ def endpoint_port(endpoint: str) -> tuple[str, int]:
 
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
+K8S = DEPLOY / "k8s"
+OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if p.is_dir())

@@ -13,8 +13,14 @@ import pytest
 
 from mesh.ingress.metrics import IngressMetrics
 from proto_msgs.messages import BrokerStats
-from tests.unit.deploy.conftest import OVERLAYS
-from tests.unit.deploy.k8s_objects import Container, containers, find, launch_flags, selects
+from tests.unit.deploy.k8s_objects import (
+    OVERLAYS,
+    Container,
+    containers,
+    find,
+    launch_flags,
+    selects,
+)
 
 CUSTOM_KINDS = {
     ("keda.sh/v1alpha1", "ScaledObject"),

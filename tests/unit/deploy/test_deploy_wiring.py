@@ -11,8 +11,8 @@ from typing import Any
 import click
 import pytest
 
-from tests.unit.deploy.conftest import OVERLAYS
 from tests.unit.deploy.k8s_objects import (
+    OVERLAYS,
     Container,
     containers,
     endpoint_port,
