@@ -62,6 +62,18 @@ def test_every_secret_and_config_map_a_pod_names_is_rendered(renders: dict, over
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_workload_selects_its_own_pods_and_no_others(renders: dict, overlay: str) -> None:
+    workloads = [o for o in renders[overlay] if pod_spec(o) is not None]
+    for workload in workloads:
+        selector = workload["spec"]["selector"]["matchLabels"]
+        chosen = [
+            w["metadata"]["name"] for w in workloads
+            if selects(selector, w["spec"]["template"]["metadata"]["labels"])
+        ]  # fmt: skip
+        assert chosen == [workload["metadata"]["name"]], f"{workload['metadata']['name']}: {chosen}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_each_role_mounts_the_curve_keys_it_needs_and_no_other_secret(
     renders: dict, overlay: str
 ) -> None:
