@@ -21,7 +21,14 @@ _VARIABLE = re.compile(r"EMBEDMESH_[A-Z0-9_]+")
 # Flags of other programs the pages show, with the program they belong to.
 OTHER_TOOLS = {
     "--local-dir": "hf download",
+    "--build-arg": "docker build",
+    "--rm": "docker run",
+    "--health-cmd": "docker run",
     "--stop-timeout": "docker run",
+    "--image": "kubectl run",
+    "--restart": "kubectl run",
+    "--overrides": "kubectl run",
+    "--dry-run": "kubectl apply",
     "--write": "python -m mesh.ingress.api_markdown",
 }
 
