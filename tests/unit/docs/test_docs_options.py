@@ -1,6 +1,7 @@
-"""Every ``--flag`` and every ``EMBEDMESH_*`` variable that README.md and docs/ name exists:
-an option of ``mesh-launch`` (launch/options.py's declarations and its top options), of
-``mesh-embed``, of a ``mesh-bench`` command, or one of the few other tools' flags listed here."""
+"""Every ``--flag`` and every ``EMBEDMESH_*`` variable that README.md, docs/ and bench/README.md
+name exists: an option of ``mesh-launch`` (launch/options.py's declarations and its top
+options), of ``mesh-embed``, of a ``mesh-bench`` command, or one of the few other tools' flags
+listed here."""
 
 from __future__ import annotations
 
@@ -34,8 +35,10 @@ OTHER_TOOLS = {
 
 
 def reference_pages() -> list[Path]:
-    """README.md and the pages of docs/ (the CHANGELOG keeps the names of removed flags)."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    """README.md, the pages of docs/ and mesh-bench's guide (not the CHANGELOG: it keeps the
+    names of removed flags)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "bench/README.md"]
+    return [page for page in pages if page.exists()]
 
 
 def _click_names(command: click.Command) -> tuple[set[str], set[str]]:
