@@ -100,3 +100,24 @@ def test_the_check_finds_a_flag_and_a_variable_that_do_not_exist() -> None:
     assert "--http-port" in flags and "--test-hang-after" not in flags
     assert "EMBEDMESH_LIVE_GATE_MS" in variables and "EMBEDMESH_TEST_HANG_AFTER" not in variables
     assert "--no-baseline" in flags and "--frames" in flags and "--families" in flags
+
+
+def toml_examples() -> list[tuple[str, str]]:
+    """(page, text) of each ``toml`` fenced block of the guides (config.md's own example is
+    tested with the reference, in tests/unit/test_launch_options.py)."""
+    found = []
+    for page in reference_pages():
+        if page.name == "config.md":
+            continue
+        for i, block in enumerate(page.read_text().split("```toml\n")[1:]):
+            found.append((f"{page.relative_to(ROOT)}#{i}", block.split("```")[0]))
+    return found
+
+
+@pytest.mark.parametrize("where,text", toml_examples(), ids=[w for w, _ in toml_examples()])
+def test_every_config_example_of_the_guides_loads(where: str, text: str, tmp_path: Path) -> None:
+    from launch.config_file import load
+
+    path = tmp_path / "example.toml"
+    path.write_text(text)
+    assert load(path, "all"), f"{where}: no setting read"
