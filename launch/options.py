@@ -247,7 +247,7 @@ class IngressArgs:
     bulk_nice: int = opt(config.BULK_NICE, "How much nicer bulk tokenization runs than live "
         "work; 0..19, 0 = the same.", "ingress", click.IntRange(0, 19), flag=False)  # fmt: skip
     bulk_sched: str = opt(config.BULK_SCHED, "idle: the bulk tokenizer processes run under "
-        "SCHED_IDLE; nice: at --bulk-nice alone.", "ingress", click.Choice(["idle", "nice"]),
+        "SCHED_IDLE; nice: at bulk_nice alone.", "ingress", click.Choice(["idle", "nice"]),
         flag=False)  # fmt: skip
     word_memo: bool = opt(True, "Memoize the token ids of frequent words.", "ingress",
         click.BOOL, flag=False)  # fmt: skip

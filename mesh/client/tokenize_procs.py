@@ -3,10 +3,10 @@
 A tokenizer thread releases the GIL inside tokenizers' Rust code but holds it to turn each
 encoding's ids into Python objects and then into an array; three such threads in an ingress
 hold it often enough that the event loop, which carries every live query's hops (HTTP, the
-broker link), waits for it. ``bench/loop_lag.py`` on the 2-core VM (an asyncio loop timing
-5 ms sleeps while 64-text corpus requests are tokenized at nice 10): the loop's lateness
-p50 / p90 / p99 was 0.44 / 1.7 / 5.0-5.3 ms with the bulk on three threads, 0.28 / 1.0 /
-3.4-3.7 ms with it in three processes. A thread at ``SCHED_IDLE`` made it worse (p99 12 ms):
+broker link), waits for it. Measured on a 2-core VM (an asyncio loop timing 5 ms sleeps
+while 64-text corpus requests are tokenized at nice 10): the loop's lateness p50 / p90 / p99
+was 0.44 / 1.7 / 5.0-5.3 ms with the bulk on three threads, 0.28 / 1.0 / 3.4-3.7 ms with it in
+three processes. A thread at ``SCHED_IDLE`` made it worse (p99 12 ms):
 a thread that holds the GIL and is preempted keeps the loop waiting, the lower its priority
 the longer. On the H200, MiniLM's live p99 under bulk went from 20-29 to 15-18 ms.
 

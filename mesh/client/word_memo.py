@@ -7,8 +7,8 @@ make up almost all of the tokens, so each word's ids are asked of the tokenizer'
 once (``Tokenizer.model.tokenize``) and kept; a text is then its words found by a regular
 expression and looked up, in C loops (``re.findall``, ``map(dict.get)``,
 ``itertools.chain``). Measured on the embedded MiniLM over the corpus in 64-text calls, one
-thread: 0.37-0.42 µs a token against 1.18-1.24 for the ASCII shortcut alone
-(``bench/ascii_shortcut_speed.py``); tokenizing is most of an ingress tier's CPU, which is
+thread: 0.37-0.42 µs a token against 1.18-1.24 for the ASCII shortcut alone (timed on
+the same texts); tokenizing is most of an ingress tier's CPU, which is
 what bounds MiniLM's throughput through HTTP on the H200 (docs/tuning.md).
 
 Only ``ModelTokenizer.encode`` (ids and lengths) uses it; callers that need offsets, word ids

@@ -5,12 +5,10 @@ Blocks are marked as ``tests/doc_blocks.py`` describes: ``<!-- run -->`` blocks 
 blocks against the page's ``<!-- server: NAME -->`` command, run in a directory where the test
 built a small model of the directory name that command serves (a cross-encoder, a SPLADE
 model; the page's download line needs network and is not run). Only the address is rewritten,
-to free ports. Each block must exit 0 and print what its marker expects.
-
-The ``meshclient`` server (``mesh-launch --role all --frontend tcp://127.0.0.1:5555``) is
-started as a broker and a worker with the broker's frontend on TCP, the same endpoint a
-``--role all`` honouring ``--frontend`` gives; once it does, that block's command can run as
-the others do.
+to free ports: the HTTP port, and a ``--frontend tcp://127.0.0.1:5555`` of the server's line (the
+``meshclient`` server, ``mesh-launch --role all --frontend ...``), whose endpoint ``--role all``
+must then print on its ``MeshClient`` line. Each block must exit 0 and print what its marker
+expects.
 """
 
 from __future__ import annotations
@@ -26,11 +24,11 @@ import pytest
 
 from bench.spawn import free_port
 from tests.doc_blocks import DEFAULT_SERVER, Block, all_blocks
-from tests.integration.conftest import Mesh
 from tests.integration.launched import START_S, Launched, start
 from tests.st_models import build_cross_encoder, build_splade
 
 RUN_S = 120
+PAGE_FRONTEND = "tcp://127.0.0.1:5555"
 MODEL_BUILDERS: dict[str, Callable[[Path], Path]] = {
     "rerank": lambda path: build_cross_encoder(path, num_labels=1),
     "sparse": build_splade,
@@ -50,21 +48,31 @@ class Server:
         for host in ("127.0.0.1:8000", "localhost:8000"):
             code = code.replace(host, f"127.0.0.1:{self.port}")
         if self.frontend:
-            code = code.replace("tcp://127.0.0.1:5555", self.frontend)
+            code = code.replace(PAGE_FRONTEND, self.frontend)
         return code
 
 
 def _role_all(tmp: Path, args: list[str], cwd: Path) -> Server:
-    """``mesh-launch ARGS --http-port PORT``, once it prints its URL."""
+    """``mesh-launch ARGS --http-port PORT`` (a page's ``--frontend`` moved to a free port),
+    once it prints its URL and, after it, the frontend a ``MeshClient`` should use."""
     role = "all"
     if "--role" in args:
         at = args.index("--role")
         role, args = args[at + 1], args[:at] + args[at + 2 :]
+    frontend = None
+    if "--frontend" in args:
+        at = args.index("--frontend")
+        assert args[at + 1] == PAGE_FRONTEND, f"the page's frontend is {args[at + 1]!r}"
+        frontend = f"tcp://127.0.0.1:{free_port()}"
+        args = [*args[:at], "--frontend", frontend, *args[at + 2 :]]
     port = free_port()
     launched: Launched = start(tmp, *args, "--http-port", str(port), role=role, cwd=cwd)
     line = launched.first_line(START_S)
     assert "http://" in line, f"{line!r}\n{launched.stderr.read_text()[-4000:]}"
-    return Server(port, None, launched.kill)
+    if frontend:
+        line = launched.first_line(START_S)
+        assert line.strip() == f"embedmesh broker frontend (MeshClient): {frontend}", line
+    return Server(port, frontend, launched.kill)
 
 
 def _launch_line(block: Block) -> list[str]:
@@ -76,14 +84,10 @@ def _launch_line(block: Block) -> list[str]:
 def _start(name: str, tmp: Path) -> Server:
     if name == DEFAULT_SERVER:
         return _role_all(tmp, [], tmp)
-    if name == "meshclient":
-        mesh = Mesh(tmp, transport="tcp")
-        mesh.start_broker()
-        mesh.start_worker()
-        return Server(0, mesh.frontend, mesh.stop)
     args = _launch_line(SERVER_BLOCKS[name])
-    model_dir = args[args.index("--model") + 1]
-    MODEL_BUILDERS[name](tmp / model_dir)
+    if "--model" in args:
+        model_dir = args[args.index("--model") + 1]
+        MODEL_BUILDERS[name](tmp / model_dir)
     return _role_all(tmp, args, tmp)
 
 
