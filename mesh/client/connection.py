@@ -250,6 +250,8 @@ class BrokerConnection:
             monitor = disconnect_monitor(sock)
             self._loop.add_reader(sock.FD, self._on_readable)
             self._loop.add_reader(monitor.FD, self._on_monitor)
+            # zmq's FD signals edges only after its events were read once: read them now.
+            self._loop.call_soon(self._on_monitor)
         except BaseException:
             sock.close(linger=0)  # half built: neither kept nor leaked
             raise

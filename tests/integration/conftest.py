@@ -25,8 +25,11 @@ TEST_LIVENESS = Liveness(INTERVAL_S, LIVENESS)
 class Mesh:
     """A broker and workers as subprocesses on ipc:// endpoints in a temp dir."""
 
-    def __init__(self, tmp: Path, transport: str = "ipc") -> None:
+    def __init__(
+        self, tmp: Path, transport: str = "ipc", liveness: Liveness = TEST_LIVENESS
+    ) -> None:
         self.tmp = tmp
+        self.liveness = liveness
         if transport == "ipc":
             self.frontend = f"ipc://{tmp}/front"
             self.backend = f"ipc://{tmp}/back"
@@ -54,9 +57,9 @@ class Mesh:
             "launch.cli",
             *args,
             "--heartbeat-interval",
-            str(INTERVAL_S),
+            str(self.liveness.interval_s),
             "--heartbeat-liveness",
-            str(LIVENESS),
+            str(self.liveness.liveness),
         ]
         with open(log, "wb") as out:
             return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -68,14 +71,15 @@ class Mesh:
         )
         return self.broker
 
-    def start_worker(self, *extra: str) -> subprocess.Popen[bytes]:
+    def start_worker(self, *extra: str, broker: str | None = None) -> subprocess.Popen[bytes]:
+        """A worker of ``broker`` (default: this mesh's backend; a proxy in front of it, say)."""
         proc = self._spawn(
             "worker",
             [
                 "--role",
                 "worker",
                 "--broker",
-                self.backend,
+                broker or self.backend,
                 "--threads",
                 "1",
                 "--max-batch-tokens",
