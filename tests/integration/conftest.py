@@ -8,13 +8,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from mesh.client import MeshClient
 from mesh.config import Liveness
+from tests.hosts import HostMesh
 
 MODEL = "all-MiniLM-L6-v2"
 INTERVAL_S = 0.25  # heartbeats in tests: fast enough to see deaths in a second or so
@@ -128,6 +129,28 @@ def mesh(tmp_path: Path) -> Iterator[Mesh]:
     m = Mesh(tmp_path)
     yield m
     m.stop()
+
+
+@pytest.fixture
+def host_mesh(tmp_path: Path) -> Iterator[Callable[..., HostMesh]]:
+    """``host_mesh(n, curve=True)``: n network-namespace hosts to start roles on; everything
+    torn down at the end, the test passed or not. Skips where namespaces are not allowed."""
+    from bench.netns import Hosts, unavailable
+
+    why = unavailable()
+    if why is not None:
+        pytest.skip(why)
+    made: list[Hosts] = []
+
+    def make(n: int, curve: bool = True) -> HostMesh:
+        hosts = Hosts(n)
+        made.append(hosts)
+        hosts.__enter__()
+        return HostMesh(hosts, tmp_path, curve=curve)
+
+    yield make
+    for hosts in made:
+        hosts.close()
 
 
 @pytest.fixture
