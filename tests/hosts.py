@@ -63,8 +63,11 @@ class HostMesh:
         front, back = f"tcp://{host.ip}:{FRONT}", f"tcp://{host.ip}:{BACK}"
         return self._start(host, "broker", ["--frontend", front, "--backend", back, *extra])
 
-    def worker(self, host: Host, broker: Host, *extra: str) -> subprocess.Popen[bytes]:
-        args = ["--broker", f"tcp://{broker.ip}:{BACK}", "--threads", "1"]
+    def worker(
+        self, host: Host, broker: Host, *extra: str, via: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        """A worker of ``broker``'s backend, or of the endpoint ``via`` (a proxy before it)."""
+        args = ["--broker", via or f"tcp://{broker.ip}:{BACK}", "--threads", "1"]
         return self._start(host, "worker", [*args, "--max-batch-tokens", "2048", *extra])
 
     def ingress(self, host: Host, brokers: list[Host], *extra: str) -> str:

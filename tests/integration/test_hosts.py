@@ -15,10 +15,12 @@ import time
 import urllib.request
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 
+from bench.faultproxy import FaultProxy
 from bench.netns import Host
-from tests.hosts import FRONT, HOST_LIVENESS, HostMesh, embed, models, workers
+from tests.hosts import BACK, FRONT, HOST_LIVENESS, HostMesh, embed, models, workers
 from tests.integration.launched import MODEL, Load
 
 START_S = 120
@@ -74,6 +76,33 @@ def test_a_worker_host_cut_off_under_load_loses_nothing_and_rejoins(
     # The broker buries it one window after its last word; the ingress's catalog is one
     # heartbeat older at most, and this poll another tenth of a second.
     assert detected_s <= HOST_LIVENESS.expiry_s + 2 * HOST_LIVENESS.interval_s + SLACK_S
+
+
+def test_a_slow_link_between_hosts_keeps_results_right(
+    host_mesh: Callable[..., HostMesh],
+) -> None:
+    """The worker host reaches its broker through a fault proxy on its own loopback (netem is
+    not in every kernel): 2 ms and 20 ms each way, the vectors stay those of the fast link."""
+    mesh = host_mesh(3)
+    broker, worker, front = mesh.hosts.hosts
+    mesh.broker(broker)
+    proxy = worker.run_here(lambda: FaultProxy((broker.ip, BACK)).run_in_thread(), 30)
+    try:
+        mesh.worker(worker, broker, via=proxy.endpoint)
+        base = mesh.ingress(front, [broker])
+        _until(lambda: workers(front, base) == 1, START_S, "a worker", mesh)
+        texts = [f"a slow link between hosts, text {i}" for i in range(16)]
+        status, fast = embed(front, base, texts)
+        assert status == 200, fast
+        for delay_ms in (2.0, 20.0):
+            proxy.set_mode("delay", delay_ms=delay_ms)
+            status, slow = embed(front, base, texts)
+            assert status == 200, slow
+            for a, b in zip(fast["data"], slow["data"], strict=True):
+                assert np.allclose(a["embedding"], b["embedding"], atol=1e-5)
+        assert proxy.accepted >= 1  # the worker's link really ran through it
+    finally:
+        proxy.stop_thread()
 
 
 def test_a_killed_broker_fails_pending_requests_with_503_and_serves_again_when_restarted(
