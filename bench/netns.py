@@ -6,13 +6,13 @@ Only namespaces this module creates are touched: every interface is made inside 
 pairs created straight into their namespaces), so the root namespace's interfaces and routes
 are never changed. Needs root (``ip netns add``); ``unavailable()`` says why not, for a skip.
 
-    with Hosts(3) as hosts:                        # emh<pid>-h1..h3 at 10.77.0.11..13
+    with Hosts(3) as hosts:                        # emh<pid>-<n>-h1..h3 at 10.77.0.11..13
         broker = hosts[0].popen(["mesh-launch", "--role", "broker", ...])
         hosts.cut(hosts[1])                        # a silent partition
         hosts.heal(hosts[1])
         hosts[2].run_here(fn)                      # fn() in a thread inside host 3's namespace
 
-A run killed before it tore down leaves namespaces named ``emh<pid>-...``: the next ``Hosts``
+A run killed before it tore down leaves namespaces named ``emh<pid>-<n>-...``: the next ``Hosts``
 deletes those whose creating process is gone (and kills what still runs in them).
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
 import re
 import shutil
@@ -137,8 +138,10 @@ class Host:
 class Hosts:
     """``n`` hosts on ``SUBNET``.0/24 behind one switch; torn down by ``close`` (or ``with``)."""
 
+    _made_here = itertools.count(1)  # several sets of hosts in one process never share names
+
     def __init__(self, n: int, prefix: str = PREFIX) -> None:
-        self.tag = f"{prefix}{os.getpid()}"
+        self.tag = f"{prefix}{os.getpid()}-{next(Hosts._made_here)}"
         self.switch = f"{self.tag}-sw"
         self.hosts = [
             Host(f"{self.tag}-h{i}", f"{SUBNET}.{10 + i}", f"p{i}") for i in range(1, n + 1)
@@ -165,7 +168,6 @@ class Hosts:
     def create(self) -> None:
         clean_stale()
         for name in (self.switch, *(h.name for h in self.hosts)):
-            _delete_namespace(name)  # a namespace of ours left by this very pid: start afresh
             _ip("netns", "add", name)
             self._made.append(name)
             _ip("-n", name, "link", "set", "lo", "up")
