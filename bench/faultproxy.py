@@ -10,8 +10,9 @@ Modes (``FaultProxy.set_mode``):
   link: a round trip costs twice the delay more).
 - ``drop``: a silent partition: nothing is read or forwarded, sockets stay open, bytes wait in
   the kernels' buffers as TCP's would wait for retransmission; ``pass`` again delivers them (the
-  link heals). New connections are accepted and held the same way.
-- ``blackhole``: bytes are read and thrown away, sockets stay open: the peers never learn.
+  link heals). New connections are accepted and held, not passed upstream, until it heals.
+- ``blackhole``: bytes are read and thrown away, sockets stay open: the peers never learn. New
+  connections are held as in ``drop``.
 - ``reset``: every open connection is closed with a RST at once, and every new one as it comes
   (a peer whose process died on a reachable host: its kernel answers, the sockets see it).
 """
@@ -29,6 +30,7 @@ from typing import Literal
 Mode = Literal["pass", "delay", "drop", "blackhole", "reset"]
 MODES: tuple[Mode, ...] = ("pass", "delay", "drop", "blackhole", "reset")
 CHUNK = 1 << 16
+HOLD_POLL_S = 0.05  # how often a connection accepted during a partition looks for the heal
 
 
 @dataclass(eq=False)  # hashed by identity: links live in a set
@@ -143,6 +145,10 @@ class FaultProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
+        # Partitioned: the upstream does not learn of the connection until the link heals
+        # (the client's bytes wait in the kernel meanwhile, as its SYN's retries would).
+        while self.mode in ("drop", "blackhole"):
+            await asyncio.sleep(HOLD_POLL_S)
         if self.mode == "reset":
             _reset(writer)
             return

@@ -131,3 +131,17 @@ def test_the_proxy_runs_in_a_thread_of_its_own_and_changes_mode_from_another() -
 def test_an_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="mode must be one of"):
         FaultProxy(("127.0.0.1", 1)).set_mode("flaky")  # type: ignore[arg-type]
+
+
+async def test_a_connection_made_during_a_partition_reaches_upstream_only_when_it_heals(
+    proxy: FaultProxy,
+) -> None:
+    proxy.set_mode("drop")
+    reader, writer = await _connect(proxy)
+    writer.write(b"late")
+    await writer.drain()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(reader.readexactly(4), 0.5)
+    proxy.set_mode("pass")
+    assert await asyncio.wait_for(reader.readexactly(4), 10) == b"late"
+    writer.close()
