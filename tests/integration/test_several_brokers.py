@@ -77,8 +77,10 @@ async def test_two_brokers_share_load_route_by_model_and_fail_over(
             asyncio.create_task(client.embed([f"held {i} " * 50], MODEL, timeout_s=60))
             for i in range(30)
         ]
-        await asyncio.sleep(0.05)
-        assert client.brokers[0].outstanding_tokens > 0
+        deadline = time.monotonic() + 30
+        while client.brokers[0].outstanding_tokens == 0:  # broker a holds some of them
+            assert time.monotonic() < deadline and not all(h.done() for h in held)
+            await asyncio.sleep(0.005)
         a.broker.kill()  # type: ignore[union-attr]
         killed = time.monotonic()
         results = await asyncio.gather(*held, return_exceptions=True)
