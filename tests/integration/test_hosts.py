@@ -119,8 +119,7 @@ def test_a_killed_broker_fails_pending_requests_with_503_and_serves_again_when_r
         proc.send_signal(signal.SIGKILL)  # its host's kernel closes its connections
         killed = time.monotonic()
         proc.wait()
-        time.sleep(3)
-        held = [o for o in list(load.outcomes) if o.started < killed < o.ended]
+        time.sleep(3)  # down for longer than the liveness window (2 s): every link gave up
         restarted = time.monotonic()
         mesh.broker(broker)
         back_s = _back(load, restarted, mesh)
