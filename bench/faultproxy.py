@@ -213,3 +213,36 @@ class FaultProxy:
         for task in link.tasks:
             if task is not asyncio.current_task():
                 task.cancel()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m bench.faultproxy --upstream HOST:PORT [--listen HOST:PORT]``: prints the
+    port it listens on, then takes one command a line on stdin: ``pass``, ``delay MS``,
+    ``drop``, ``blackhole``, ``reset``; ends at end of input."""
+    import argparse
+    import sys
+
+    def address(text: str) -> tuple[str, int]:
+        host, _, port = text.rpartition(":")
+        return host or "127.0.0.1", int(port)
+
+    parser = argparse.ArgumentParser(prog="python -m bench.faultproxy", description=main.__doc__)
+    parser.add_argument("--upstream", type=address, required=True)
+    parser.add_argument("--listen", type=address, default=("127.0.0.1", 0))
+    args = parser.parse_args(argv)
+    with FaultProxy(args.upstream, args.listen) as proxy:
+        print(f"listening on {proxy.listen[0]}:{proxy.port}", flush=True)
+        for line in sys.stdin:
+            words = line.split()
+            if not words:
+                continue
+            try:
+                proxy.set_mode(words[0], float(words[1]) if len(words) > 1 else 0.0)  # type: ignore[arg-type]
+            except ValueError as exc:
+                print(exc, file=sys.stderr, flush=True)
+                continue
+            print(f"mode {' '.join(words)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -145,3 +145,36 @@ async def test_a_connection_made_during_a_partition_reaches_upstream_only_when_i
     proxy.set_mode("pass")
     assert await asyncio.wait_for(reader.readexactly(4), 10) == b"late"
     writer.close()
+
+
+def test_the_command_line_proxy_switches_mode_by_a_line_on_stdin() -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.create_server(("127.0.0.1", 0)) as upstream:
+        port = upstream.getsockname()[1]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.faultproxy", "--upstream", f"127.0.0.1:{port}"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdin is not None and proc.stdout is not None
+        listening = proc.stdout.readline().split()[-1]
+        host, _, proxy_port = listening.rpartition(":")
+        for command, answer in (
+            ("delay 5", "mode delay 5"),
+            ("flaky", None),
+            ("pass", "mode pass"),
+        ):
+            proc.stdin.write(command + "\n")
+            proc.stdin.flush()
+            if answer is not None:
+                assert proc.stdout.readline().strip() == answer
+        with socket.create_connection((host, int(proxy_port)), timeout=5) as conn:
+            conn.sendall(b"through")
+            upstream.settimeout(5)
+            peer, _ = upstream.accept()
+            with peer:
+                assert peer.recv(16) == b"through"
+        proc.stdin.close()
+        assert proc.wait(10) == 0
