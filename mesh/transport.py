@@ -13,6 +13,7 @@ for one mesh; a worker host needs only its own ``worker.key_secret`` and ``broke
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -161,6 +162,42 @@ def waiting(sock: zmq.Socket, limit: int | None = None) -> Iterator[list[zmq.Fra
             return
         count += 1
         yield frames
+
+
+def disconnect_monitor(sock: zmq.Socket) -> zmq.Socket:
+    """A plain PAIR socket that receives ``sock``'s EVENT_DISCONNECTED events: a connection
+    closed by its peer's host (a killed process), seen at once. A silent partition closes
+    nothing; the heartbeats' liveness window finds those. Close it with ``close_monitor``."""
+    address = f"inproc://embedmesh-monitor-{id(sock):x}-{os.getpid()}"
+    sock.monitor(address, zmq.EVENT_DISCONNECTED)
+    # Made here rather than by get_monitor_socket: a socket of an asyncio context would give an
+    # asyncio PAIR, and the owners read this one from a poller or a loop reader callback.
+    monitor = zmq.Socket(sock.context, zmq.PAIR)
+    monitor.setsockopt(zmq.LINGER, 0)
+    monitor.connect(address)
+    return monitor
+
+
+def close_monitor(sock: zmq.Socket, monitor: zmq.Socket) -> None:
+    if not sock.closed:
+        with contextlib.suppress(zmq.ZMQError):
+            sock.disable_monitor()
+    monitor.close(linger=0)
+
+
+def disconnected_fds(monitor: zmq.Socket) -> list[int]:
+    """The descriptors of the connections closed since the last call, read without blocking."""
+    from zmq.utils.monitor import parse_monitor_message
+
+    fds: list[int] = []
+    while readable(monitor):
+        try:
+            event = parse_monitor_message(monitor.recv_multipart(NOBLOCK))
+        except (zmq.Again, ValueError):
+            break
+        if event["event"] == zmq.EVENT_DISCONNECTED:
+            fds.append(int(event["value"]))
+    return fds
 
 
 def set_common_options(sock: zmq.Socket, endpoint: str | None = None) -> None:

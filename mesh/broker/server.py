@@ -20,6 +20,7 @@ import zmq
 
 from mesh.broker.batches import plan_batch, result_chunks
 from mesh.broker.inflight import InFlight, InFlightBatch
+from mesh.broker.links import LinkWatch
 from mesh.broker.queue import FormedBatch, Overloaded, Queue, Request, RequestTooLarge
 from mesh.broker.registry import Registry, WorkerState
 from mesh.broker.trust import PeerWarnings, card_differences
@@ -109,6 +110,8 @@ class Broker:
         self._orphaned_since: dict[str, float] = {}
         self._stop = False
         self._arrived = 0.0  # perf_counter when the message being handled was received
+        self._frame: Any = None  # the first frame of that message (its connection: LinkWatch)
+        self.links = LinkWatch()
         self.instance = secrets.randbits(63)
 
     def stop(self) -> None:
@@ -120,11 +123,23 @@ class Broker:
         poller = zmq.Poller()
         poller.register(self.front, zmq.POLLIN)
         poller.register(self.back, zmq.POLLIN)
+        poller.register(self.links.open(self.back), zmq.POLLIN)
+        try:
+            self._loop(poller)
+        finally:
+            self.links.close()
+
+    def _loop(self, poller: zmq.Poller) -> None:
         interval = self.opts.liveness.interval_s
         next_beat = time.monotonic()
         while not self._stop:
             events = dict(poller.poll(timeout=min(50, interval * 1000)))
             now = time.monotonic()
+            # Disconnects before messages: a descriptor closed, then reused by a new worker's
+            # connection, is read as the old worker's end before the new one's READY.
+            if self.links.monitor in events:
+                for identity in self.links.closed():
+                    self._bury(identity, "its connection closed", now, tell=False)
             if self.back in events:
                 self._drain(self.back, self._on_backend, now)
             if self.front in events:
@@ -140,6 +155,7 @@ class Broker:
         for frames in waiting(sock, limit=1000):
             # Per message, not the per-poll ``now``: the per-hop timings are sub-millisecond.
             self._arrived = time.perf_counter()
+            self._frame = frames[0]
             identity = frames[0].bytes
             try:
                 msg = decode(frames[1:])
@@ -369,6 +385,9 @@ class Broker:
             self._send_back(identity, Disconnect(reason=refusal))
             return
         worker = self.registry.add(identity, msg, now, self.opts.liveness.liveness)
+        former = self.links.note(identity, self._frame)
+        if former is not None:
+            self._bury(former, "its connection closed", now, tell=False)
         self._orphaned_since.pop(worker.model.name, None)
         log.info(
             "worker %s ready: %s on %s, %d credits, %d tokens/batch",
@@ -483,6 +502,7 @@ class Broker:
         """Remove a dead, hung or leaving (``left``: it said Disconnect) worker and put its
         batches back at the head of the queue."""
         worker = self.registry.remove(identity)
+        self.links.forget(identity)
         if worker is None:
             return
         batches = self.inflight.remove_worker(identity)

@@ -1,8 +1,8 @@
 """One client's link to one broker: the DEALER socket, its reader callback and its pinger.
 
 Every request sent here ends exactly once: with its result, with the broker's error, with
-Unavailable when the broker goes silent for ``liveness`` intervals, or with DeadlineExceeded
-when the client-side deadline passes. Duplicate result chunks (possible after a requeue) are
+Unavailable when the broker goes silent for ``liveness`` intervals or its connection closes
+(a killed broker), or with DeadlineExceeded when the client-side deadline passes. Duplicate result chunks (possible after a requeue) are
 dropped by sequence index.
 """
 
@@ -24,7 +24,15 @@ import zmq.asyncio
 
 from mesh.config import Liveness
 from mesh.errors import MeshError, ProtocolViolation, Unavailable, error_from_code
-from mesh.transport import NOBLOCK, readable, send_frames, waiting
+from mesh.transport import (
+    NOBLOCK,
+    close_monitor,
+    disconnect_monitor,
+    disconnected_fds,
+    readable,
+    send_frames,
+    waiting,
+)
 from proto_msgs import (
     BrokerStats,
     CancelRequest,
@@ -217,6 +225,7 @@ class BrokerConnection:
         # a zmq.asyncio socket took a recv future, a reader task's wake-up and per-message
         # EVENTS checks for each (0.08-0.14 ms of an idle query's round trip on a 2-core VM).
         self._sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None  # the socket's disconnects (a killed broker)
         self._reopen = False  # a fresh socket is owed (opening one failed after a loss)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -238,6 +247,9 @@ class BrokerConnection:
         self._alive_event.clear()
         self._fail_all(Unavailable(f"client closed its link to {self.endpoint}"))
         if self._sock is not None:
+            if self._monitor is not None:
+                self._close_monitor(self._sock, self._monitor)
+                self._monitor = None
             self._close_socket(self._sock)
             self._sock = None
 
@@ -256,17 +268,40 @@ class BrokerConnection:
                 sock.connect(self.endpoint)
             if self._loop is None:
                 self._loop = asyncio.get_running_loop()
+            monitor = disconnect_monitor(sock)
             self._loop.add_reader(sock.FD, self._on_readable)
+            self._loop.add_reader(monitor.FD, self._on_monitor)
+            # zmq's FD signals edges only after its events were read once: read them now.
+            self._loop.call_soon(self._on_monitor)
         except BaseException:
             sock.close(linger=0)  # half built: neither kept nor leaked
             raise
-        self._sock = sock
+        if self._sock is not None and self._monitor is not None:
+            self._close_monitor(self._sock, self._monitor)
+        self._sock, self._monitor = sock, monitor
 
     def _close_socket(self, sock: zmq.Socket) -> None:
         if self._loop is not None and not self._loop.is_closed():
             with contextlib.suppress(ValueError, OSError, zmq.ZMQError):
                 self._loop.remove_reader(sock.FD)
         sock.close(linger=0)
+
+    def _close_monitor(self, sock: zmq.Socket, monitor: zmq.Socket) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            with contextlib.suppress(ValueError, OSError, zmq.ZMQError):
+                self._loop.remove_reader(monitor.FD)
+        close_monitor(sock, monitor)
+
+    def _on_monitor(self) -> None:
+        """The connection to the broker closed (its process died, its host answered): what it
+        held for this connection is gone, so its requests fail now rather than after the
+        liveness window. ZeroMQ reconnects on its own; the next reply marks it alive again."""
+        monitor = self._monitor
+        if monitor is None or monitor.closed:
+            return
+        with contextlib.suppress(zmq.ZMQError):
+            if disconnected_fds(monitor) and self.alive:
+                self._lost(f"its connection to {self.endpoint} closed")
 
     def _send(self, msg: Message) -> None:
         if self._sock is None:
@@ -436,7 +471,7 @@ class BrokerConnection:
                 self._send(CatalogRequest(cid=self.next_cid()))
             await asyncio.sleep(interval)
             if self.alive and time.monotonic() - self._last_heard > self.liveness.expiry_s:
-                self._lost()
+                self._lost(f"silent for {self.liveness.expiry_s:.1f}s")
             elif self._reopen:
                 self._replace_socket()
 
@@ -449,12 +484,8 @@ class BrokerConnection:
         with contextlib.suppress(MeshError):
             self._send(CatalogRequest(cid=self.next_cid()))
 
-    def _lost(self) -> None:
-        log.warning(
-            "broker %s silent for %.1fs: failing its requests",
-            self.endpoint,
-            self.liveness.expiry_s,
-        )
+    def _lost(self, why: str = "silent") -> None:
+        log.warning("broker %s lost (%s): failing its requests", self.endpoint, why)
         self.alive = False
         self._alive_event.clear()
         self.models = []

@@ -8,13 +8,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from mesh.client import MeshClient
 from mesh.config import Liveness
+from tests.hosts import HostMesh
 
 MODEL = "all-MiniLM-L6-v2"
 INTERVAL_S = 0.25  # heartbeats in tests: fast enough to see deaths in a second or so
@@ -25,8 +26,11 @@ TEST_LIVENESS = Liveness(INTERVAL_S, LIVENESS)
 class Mesh:
     """A broker and workers as subprocesses on ipc:// endpoints in a temp dir."""
 
-    def __init__(self, tmp: Path, transport: str = "ipc") -> None:
+    def __init__(
+        self, tmp: Path, transport: str = "ipc", liveness: Liveness = TEST_LIVENESS
+    ) -> None:
         self.tmp = tmp
+        self.liveness = liveness
         if transport == "ipc":
             self.frontend = f"ipc://{tmp}/front"
             self.backend = f"ipc://{tmp}/back"
@@ -56,9 +60,9 @@ class Mesh:
             "launch.cli",
             *args,
             "--heartbeat-interval",
-            str(INTERVAL_S),
+            str(self.liveness.interval_s),
             "--heartbeat-liveness",
-            str(LIVENESS),
+            str(self.liveness.liveness),
         ]
         with open(log, "wb") as out:
             return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -70,9 +74,12 @@ class Mesh:
         )
         return self.broker
 
-    def start_worker(self, *extra: str, hang_after: int | None = None) -> subprocess.Popen[bytes]:
-        """A worker; with ``hang_after``, one whose compute loop hangs after that many batches
-        (the test hook EMBEDMESH_TEST_HANG_AFTER)."""
+    def start_worker(
+        self, *extra: str, broker: str | None = None, hang_after: int | None = None
+    ) -> subprocess.Popen[bytes]:
+        """A worker of ``broker`` (default: this mesh's backend; a proxy in front of it, say);
+        with ``hang_after``, one whose compute loop hangs after that many batches (the test
+        hook EMBEDMESH_TEST_HANG_AFTER)."""
         hook = {} if hang_after is None else {"EMBEDMESH_TEST_HANG_AFTER": str(hang_after)}
         proc = self._spawn(
             "worker",
@@ -80,7 +87,7 @@ class Mesh:
                 "--role",
                 "worker",
                 "--broker",
-                self.backend,
+                broker or self.backend,
                 "--threads",
                 "1",
                 "--max-batch-tokens",
@@ -130,6 +137,28 @@ def mesh(tmp_path: Path) -> Iterator[Mesh]:
     m = Mesh(tmp_path)
     yield m
     m.stop()
+
+
+@pytest.fixture
+def host_mesh(tmp_path: Path) -> Iterator[Callable[..., HostMesh]]:
+    """``host_mesh(n, curve=True)``: n network-namespace hosts to start roles on; everything
+    torn down at the end, the test passed or not. Skips where namespaces are not allowed."""
+    from bench.netns import Hosts, unavailable
+
+    why = unavailable()
+    if why is not None:
+        pytest.skip(why)
+    made: list[Hosts] = []
+
+    def make(n: int, curve: bool = True) -> HostMesh:
+        hosts = Hosts(n)
+        made.append(hosts)
+        hosts.__enter__()
+        return HostMesh(hosts, tmp_path, curve=curve)
+
+    yield make
+    for hosts in made:
+        hosts.close()
 
 
 @pytest.fixture

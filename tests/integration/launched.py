@@ -160,14 +160,18 @@ class Load:
     """``clients`` clients, each on its own kept-alive connection, posting one request of
     ``texts[i]`` inputs after another to ``base`` (…/v1) in a thread of their own, until
     ``stop()`` (or, with ``until_refused``, until a connection is refused: the server is gone).
+    With ``netns``, the clients run inside that network namespace (a host of bench/netns.py).
 
     Every request is classified: **ok** is a 200 whose body holds every embedding in full;
     **refused** is a 503 in the JSON error shape or a connection the kernel refused (nothing
     was sent); anything else, a reset, a disconnect without a response, a cut body, another
     status, is an **error**: a request dropped or failed."""
 
-    def __init__(self, base: str, texts: list[int], until_refused: bool = False) -> None:
+    def __init__(
+        self, base: str, texts: list[int], until_refused: bool = False, netns: str | None = None
+    ) -> None:
         self.base = base
+        self.netns = netns
         self.texts = texts
         self.until_refused = until_refused
         self.outcomes: list[Outcome] = []
@@ -212,6 +216,10 @@ class Load:
         return [o for o in list(self.outcomes) if o.kind == "error"]
 
     def _run(self) -> None:
+        if self.netns is not None:
+            from bench.netns import enter
+
+            enter(self.netns)  # this thread only: its sockets live on that host
         asyncio.run(self._clients())
 
     async def _clients(self) -> None:

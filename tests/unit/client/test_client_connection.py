@@ -214,3 +214,17 @@ async def test_a_lost_link_that_cannot_open_a_socket_keeps_the_old_one_and_tries
         if seen[-1][0] == "Ping":
             break
     assert seen[-1] == ("Ping", False), seen
+
+
+async def test_a_broker_whose_connection_closes_fails_its_requests_at_once(
+    linked: _Linked,
+) -> None:
+    """Its process died (the socket closed): the socket monitor sees the disconnect, and the
+    request fails with Unavailable now, not a liveness window (here 3 minutes) later."""
+    from mesh.errors import Unavailable
+
+    _, future = linked.submit()
+    linked.broker.close(linger=0)
+    with pytest.raises(Unavailable, match="lost the broker"):
+        await asyncio.wait_for(future, timeout=5)
+    assert not linked.conn.alive and linked.conn.outstanding_tokens == 0
