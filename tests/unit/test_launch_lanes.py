@@ -72,6 +72,7 @@ class _Engine:
     def __init__(self, device: str) -> None:
         self.device = torch.device(device)
         self.max_batch_tokens = 16384
+        self.dtype = torch.float32
         self.vocab_size = 30522
         self.hidden_size = 384
         self.card = _Card()
