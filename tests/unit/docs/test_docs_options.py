@@ -31,6 +31,7 @@ OTHER_TOOLS = {
     "--overrides": "kubectl run",
     "--dry-run": "kubectl apply",
     "--write": "python -m mesh.ingress.api_markdown",
+    "--upstream": "python -m bench.faultproxy",
 }
 
 
