@@ -27,10 +27,11 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from bench.spawn import stop_processes
 
 PREFIX = "emh"
 SUBNET = "10.77.0"  # /24; host i (from 1) is .10+i
@@ -193,16 +194,7 @@ class Hosts:
     def close(self) -> None:
         """Stop every process started in the hosts (SIGTERM, then SIGKILL), delete the
         namespaces; safe to call twice and after a failed ``create``."""
-        procs = [p for h in self.hosts for p in h.procs if p.poll() is None]
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        for proc in procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes([p for h in self.hosts for p in h.procs])
         for name in reversed(self._made):
             _delete_namespace(name)
         self._made.clear()

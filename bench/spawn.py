@@ -13,7 +13,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bench.host import cmdline, process_tree
 from launch.children import die_with_parent
@@ -33,6 +35,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[Any]], grace_s: float = 5.0) -> None:
+    """SIGTERM every process still running, then SIGKILL those not gone within ``grace_s``
+    (one deadline for all of them, not one each)."""
+    live = [p for p in procs if p.poll() is None]
+    for proc in live:
+        proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in live:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class SpawnedMesh:

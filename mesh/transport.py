@@ -173,8 +173,12 @@ def disconnect_monitor(sock: zmq.Socket) -> zmq.Socket:
     # Made here rather than by get_monitor_socket: a socket of an asyncio context would give an
     # asyncio PAIR, and the owners read this one from a poller or a loop reader callback.
     monitor = zmq.Socket(sock.context, zmq.PAIR)
-    monitor.setsockopt(zmq.LINGER, 0)
-    monitor.connect(address)
+    try:
+        monitor.setsockopt(zmq.LINGER, 0)
+        monitor.connect(address)
+    except BaseException:
+        close_monitor(sock, monitor)  # half made (no descriptor left, say): nothing leaks
+        raise
     return monitor
 
 

@@ -260,6 +260,7 @@ class BrokerConnection:
 
     def _open(self) -> None:
         sock = self.ctx.socket(zmq.DEALER, socket_class=zmq.Socket)
+        monitor: zmq.Socket | None = None
         try:
             sock.setsockopt(zmq.LINGER, 0)
             if self._connect is not None:
@@ -274,7 +275,10 @@ class BrokerConnection:
             # zmq's FD signals edges only after its events were read once: read them now.
             self._loop.call_soon(self._on_monitor)
         except BaseException:
-            sock.close(linger=0)  # half built: neither kept nor leaked
+            # Half built: neither kept nor leaked, and no reader left on a closed descriptor.
+            if monitor is not None:
+                self._close_monitor(sock, monitor)
+            self._close_socket(sock)
             raise
         if self._sock is not None and self._monitor is not None:
             self._close_monitor(self._sock, self._monitor)

@@ -31,7 +31,6 @@ from proto_msgs.checks import (
     pool_skip_problem,
     size_problem,
 )
-from proto_msgs.checks import over_limit_message as over_limit_message
 from proto_msgs.small_arrays import bounds
 
 # Requests of more tokens than this go to the broker's BATCH lane, smaller ones to INTERACTIVE,

@@ -203,9 +203,9 @@ def multi_vector(valid: ValidRequest) -> ValidRequest:
     InvalidInput for a model without the head or an input of one token; TooLarge past
     ``MAX_TOKEN_VECTOR_VALUES`` numbers, as for /embed_all."""
     model = valid.model
-    check_span_model(model, "multi-vector embeddings")
     output = OutputOptions(dims=None, normalize=True, kind="float32", rows="multivector")
-    refuse(output_problem(model, output))  # the head, and the kind within its task
+    # The span model (check_span_model's rule, same message), the head, the kind in its task.
+    refuse(output_problem(model, output))
     width = model.multivector_dims
     if valid.lengths.size and int(valid.lengths.min()) < 2:
         raise InvalidInput("an input of one token has no vector after its first token",

@@ -72,18 +72,24 @@ def decode(body: dict[str, Any], count: int, dims: int | None) -> np.ndarray:
     if not isinstance(data, list) or len(data) != count:
         got = len(data) if isinstance(data, list) else "no"
         raise ServerRefused(f"the server answered {got} embeddings for {count} inputs")
-    rows: list[np.ndarray] = [np.empty(0, np.float32)] * count
+    rows: list[np.ndarray | None] = [None] * count
     for position, item in enumerate(data):
         vector = item["embedding"]
         if isinstance(vector, str):
             row = np.frombuffer(pybase64.b64decode(vector, validate=True), dtype="<f4")
         else:
             row = np.asarray(vector, dtype=np.float32)
-        rows[int(item.get("index", position))] = row
-    widths = {len(r) for r in rows}
+        # Checked, not trusted: 5 of 2 would escape as an IndexError, -1 would land on the last.
+        index = int(item.get("index", position))
+        if not 0 <= index < count or rows[index] is not None:
+            raise ServerRefused(
+                f"the server answered index {index} twice or outside 0..{count - 1}"
+            )
+        rows[index] = row
+    widths = {len(r) for r in rows if r is not None}
     if len(widths) != 1 or (dims is not None and widths != {dims}):
         raise ServerRefused(f"the server answered vectors of widths {sorted(widths)}")
-    return np.stack(rows)
+    return np.stack(rows)  # type: ignore[arg-type]  # each index once: none is None
 
 
 def error_message(status: int, raw: bytes) -> str:

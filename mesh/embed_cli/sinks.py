@@ -72,13 +72,15 @@ class NpySink(Sink):
             return
         f = self.path.open("r+b")
         fmt = np.lib.format
-        read = (
-            fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0) else fmt.read_array_header_2_0
-        )
-        shape, _, _ = read(f)
-        if tuple(shape) != (self.total, state["dims"]):
-            f.close()
-            raise InputError(f"{self.path}: shape {shape} is not this run's; use --force")
+        try:
+            magic = fmt.read_magic(f)
+            read = fmt.read_array_header_1_0 if magic == (1, 0) else fmt.read_array_header_2_0
+            shape, _, _ = read(f)
+            if tuple(shape) != (self.total, state["dims"]):
+                raise InputError(f"{self.path}: shape {shape} is not this run's; use --force")
+        except BaseException:
+            f.close()  # a header that is not this run's, or not an .npy header at all
+            raise
         self._file, self._dims, self.rows = f, int(state["dims"]), rows
         f.seek(f.tell() + rows * self._dims * 4)
         f.truncate()  # rows written after the last sync are written again

@@ -34,7 +34,7 @@ from aiohttp import web
 
 from mesh.client.spans import MAX_CHUNKS, MAX_DOCUMENTS, check_document_limits, prepare_documents
 from mesh.ingress import tei
-from mesh.ingress.bodies import Schema, Shaped, Text, decode, field
+from mesh.ingress.bodies import Schema, Shaped, Text, field
 from mesh.ingress.encodings import ENCODINGS, render_rows
 from mesh.ingress.http_errors import ApiError
 from mesh.ingress.schema import (
@@ -44,7 +44,7 @@ from mesh.ingress.schema import (
     PRIORITY,
     PRIORITY_HEADER,
     PRIORITY_TEXT,
-    header_lane,
+    decode_prioritized,
 )
 from mesh.ingress.state import STATE, account, read_body
 from proto_msgs import Lane
@@ -90,10 +90,7 @@ class ContextualizedRequest:
 def parse_contextualized_request(
     body: bytes, priority_header: str | None = None
 ) -> ContextualizedRequest:
-    request = decode(ContextualizedRequest, body, MAX_DOCUMENTS)
-    if request.priority is None:
-        request.priority = header_lane(priority_header)
-    return request
+    return decode_prioritized(ContextualizedRequest, body, MAX_DOCUMENTS, priority_header)
 
 
 async def _contextualized(request: web.Request) -> web.Response:

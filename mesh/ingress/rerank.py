@@ -39,9 +39,15 @@ from mesh.client.pairs import ScoreInput
 from mesh.client.scores import activate
 from mesh.errors import InvalidInput
 from mesh.ingress import tei
-from mesh.ingress.bodies import Flag, Integer, Schema, Shaped, Text, decode, field
+from mesh.ingress.bodies import Flag, Integer, Schema, Shaped, Text, field
 from mesh.ingress.http_errors import TEI, ApiError
-from mesh.ingress.schema import PRIORITY, PRIORITY_HEADER, PRIORITY_TEXT, header_lane
+from mesh.ingress.schema import (
+    PRIORITY,
+    PRIORITY_HEADER,
+    PRIORITY_TEXT,
+    decode_prioritized,
+    header_lane,
+)
 from mesh.ingress.state import STATE, IngressState, account, read_body
 from mesh.ingress.tei_schema import parse_predict_request, parse_rerank_request
 from proto_msgs import Lane, ModelInfo
@@ -196,10 +202,7 @@ class V1RerankRequest:
 def parse_v1_rerank_request(
     body: bytes, max_inputs: int, priority_header: str | None = None
 ) -> V1RerankRequest:
-    request = decode(V1RerankRequest, body, max_inputs)
-    if request.priority is None:
-        request.priority = header_lane(priority_header)
-    return request
+    return decode_prioritized(V1RerankRequest, body, max_inputs, priority_header)
 
 
 async def _rerank(request: web.Request) -> web.Response:

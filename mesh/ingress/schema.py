@@ -24,7 +24,7 @@ is accepted and ignored; other unknown fields are ignored, as the route's descri
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -226,13 +226,24 @@ class EmbeddingsRequest:
         return self.input.n
 
 
+T = TypeVar("T")
+
+
+def decode_prioritized(
+    cls: type[T], body: bytes, max_inputs: int, priority_header: str | None
+) -> T:
+    """``decode`` a body with a ``priority`` field; where it names none, the header's lane
+    (the body wins when both are given)."""
+    request: Any = decode(cls, body, max_inputs)
+    if request.priority is None:
+        request.priority = header_lane(priority_header)
+    return request
+
+
 def parse_embeddings_request(
     body: bytes, max_inputs: int, priority_header: str | None = None
 ) -> EmbeddingsRequest:
-    request = decode(EmbeddingsRequest, body, max_inputs)
-    if request.priority is None and priority_header is not None:
-        request.priority = header_lane(priority_header)
-    return request
+    return decode_prioritized(EmbeddingsRequest, body, max_inputs, priority_header)
 
 
 def header_lane(header_value: str | None) -> Lane | None:

@@ -57,10 +57,14 @@ class PostgresJobStore(SqlJobStore):
         self._url = url
         self._lock = threading.Lock()
         self._conn = self._connect()
-        with self._tx() as tx:
-            tx.q("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
-            for statement in ddl("BIGSERIAL PRIMARY KEY"):
-                tx.q(statement)
+        try:
+            with self._tx() as tx:
+                tx.q("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
+                for statement in ddl("BIGSERIAL PRIMARY KEY"):
+                    tx.q(statement)
+        except BaseException:
+            self._conn.close()  # a store that failed to open keeps no connection
+            raise
 
     def _connect(self) -> Any:
         return self._psycopg.connect(self._url, autocommit=True, row_factory=_row_factory)

@@ -44,14 +44,18 @@ class SqliteJobStore(SqlJobStore):
         self._conn = sqlite3.connect(
             self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
-        self._conn.row_factory = sqlite3.Row
-        self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        # FULL: a commit reaches the disk before the chunk is called done (one fsync a chunk).
-        self._conn.execute("PRAGMA synchronous = FULL")
-        with self._tx() as tx:
-            for statement in ddl("INTEGER PRIMARY KEY AUTOINCREMENT"):
-                tx.q(statement)
+        try:
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            # FULL: a commit reaches the disk before the chunk is called done (one fsync a chunk).
+            self._conn.execute("PRAGMA synchronous = FULL")
+            with self._tx() as tx:
+                for statement in ddl("INTEGER PRIMARY KEY AUTOINCREMENT"):
+                    tx.q(statement)
+        except BaseException:
+            self._conn.close()  # a store that failed to open keeps no connection
+            raise
 
     @contextmanager
     def _tx(self, *, write: bool = True) -> Iterator[Tx]:

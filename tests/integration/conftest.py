@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.spawn import stop_processes
 from mesh.client import MeshClient
 from mesh.config import Liveness
 from tests.hosts import HostMesh
@@ -108,17 +108,7 @@ class Mesh:
         return "\n".join(f"--- {p.name}\n{cut(p.read_text(errors='replace'))}" for p in self._logs)
 
     def stop(self) -> None:
-        procs = [p for p in [self.broker, *self.workers] if p is not None]
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        for proc in procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes([p for p in [self.broker, *self.workers] if p is not None])
 
 
 async def wait_for_workers(client: MeshClient, n: int, timeout_s: float = 60) -> None:

@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from bench.host import process_tree
+
 START_S = 150  # the supervisor's own start-up timeout is 120 s
 MODEL = "all-MiniLM-L6-v2"
 
@@ -31,20 +33,9 @@ def launch_command() -> list[str]:
 
 
 def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid``, from /proc (no psutil)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier}
-        found |= frontier
-    return found
+    """Every live process below ``pid``, from /proc (no psutil): bench's process tree less
+    its root."""
+    return process_tree(pid) - {pid}
 
 
 def alive(pid: int) -> bool:

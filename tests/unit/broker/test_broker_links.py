@@ -22,6 +22,15 @@ def router() -> Iterator[tuple[zmq.Context, zmq.Socket, str]]:
     ctx.term()
 
 
+@pytest.fixture
+def watch(router: tuple[zmq.Context, zmq.Socket, str]) -> Iterator[LinkWatch]:
+    """A LinkWatch on the router's socket, closed after the test."""
+    watching = LinkWatch()
+    watching.open(router[1])
+    yield watching
+    watching.close()
+
+
 def _hello(ctx: zmq.Context, endpoint: str, router: zmq.Socket) -> tuple[zmq.Socket, list]:
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
@@ -40,35 +49,25 @@ def _closed(watch: LinkWatch, timeout_s: float = 5) -> list[bytes]:
     return []
 
 
-def test_a_closed_connection_names_the_peer_that_spoke_over_it(router) -> None:
+def test_a_closed_connection_names_the_peer_that_spoke_over_it(router, watch) -> None:
     ctx, sock, endpoint = router
-    watch = LinkWatch()
-    watch.open(sock)
-    try:
-        kept, (kept_id, _) = _hello(ctx, endpoint, sock)
-        dealer, (identity, _) = _hello(ctx, endpoint, sock)
-        assert watch.note(kept_id.bytes, kept_id) is None
-        assert watch.note(identity.bytes, identity) is None
-        dealer.close()
-        assert _closed(watch) == [identity.bytes]
-        kept.close()
-        assert _closed(watch) == [kept_id.bytes]
-    finally:
-        watch.close()
+    kept, (kept_id, _) = _hello(ctx, endpoint, sock)
+    dealer, (identity, _) = _hello(ctx, endpoint, sock)
+    assert watch.note(kept_id.bytes, kept_id) is None
+    assert watch.note(identity.bytes, identity) is None
+    dealer.close()
+    assert _closed(watch) == [identity.bytes]
+    kept.close()
+    assert _closed(watch) == [kept_id.bytes]
 
 
-def test_a_forgotten_peer_is_not_reported(router) -> None:
+def test_a_forgotten_peer_is_not_reported(router, watch) -> None:
     ctx, sock, endpoint = router
-    watch = LinkWatch()
-    watch.open(sock)
-    try:
-        dealer, (identity, _) = _hello(ctx, endpoint, sock)
-        watch.note(identity.bytes, identity)
-        watch.forget(identity.bytes)
-        dealer.close()
-        assert _closed(watch, timeout_s=1) == []
-    finally:
-        watch.close()
+    dealer, (identity, _) = _hello(ctx, endpoint, sock)
+    watch.note(identity.bytes, identity)
+    watch.forget(identity.bytes)
+    dealer.close()
+    assert _closed(watch, timeout_s=1) == []
 
 
 def test_a_reused_descriptor_reports_its_former_peer() -> None:

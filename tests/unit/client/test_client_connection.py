@@ -216,6 +216,38 @@ async def test_a_lost_link_that_cannot_open_a_socket_keeps_the_old_one_and_tries
     assert seen[-1] == ("Ping", False), seen
 
 
+async def test_a_socket_whose_monitor_cannot_be_watched_is_closed_with_its_monitor(
+    linked: _Linked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a fresh socket fails after its monitor was made (the loop refuses the
+    monitor's descriptor): the half-built socket and its monitor are both closed and no
+    reader is left on the socket's descriptor; the old socket stays, to be replaced later."""
+    from mesh.client import connection
+
+    conn = linked.conn
+    old = conn._sock
+    loop = asyncio.get_running_loop()
+    made: list[tuple[zmq.Socket, zmq.Socket, int]] = []
+    real_monitor, real_add_reader = connection.disconnect_monitor, loop.add_reader
+
+    def disconnect_monitor(sock: zmq.Socket) -> zmq.Socket:
+        made.append((sock, real_monitor(sock), sock.FD))
+        return made[-1][1]
+
+    def add_reader(fd: int, callback: object, *args: object) -> None:
+        if made and fd == made[-1][1].FD:
+            raise OSError(errno.EMFILE, "no room for another descriptor")
+        real_add_reader(fd, callback, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(connection, "disconnect_monitor", disconnect_monitor)
+    monkeypatch.setattr(loop, "add_reader", add_reader)
+    conn._lost()
+    ((sock, monitor, fd),) = made
+    assert sock.closed and monitor.closed, "the half-built socket or its monitor leaked"
+    assert not loop.remove_reader(fd), "a reader was left on the closed socket's descriptor"
+    assert conn._sock is old and not old.closed and conn._reopen
+
+
 async def test_a_broker_whose_connection_closes_fails_its_requests_at_once(
     linked: _Linked,
 ) -> None:

@@ -57,6 +57,13 @@ def test_a_short_or_ragged_answer_is_refused() -> None:
         decode({"data": [{"index": 0, "embedding": [1.0, 2.0]}]}, 1, 3)
 
 
+@pytest.mark.parametrize("indices", [[0, 2], [0, -1], [1, 1]])
+def test_an_index_out_of_range_or_repeated_is_refused(indices: list[int]) -> None:
+    data = [{"index": i, "embedding": [1.0, 2.0]} for i in indices]
+    with pytest.raises(ServerRefused, match=f"index {indices[-1]} twice or outside 0..1"):
+        decode({"data": data}, 2, None)
+
+
 def test_error_messages_are_the_servers_own() -> None:
     assert error_message(422, b'{"error": {"message": "too long", "type": "x"}}') == (
         "HTTP 422: too long"

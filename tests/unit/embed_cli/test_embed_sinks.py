@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +105,24 @@ def test_a_resumed_npy_of_another_shape_is_refused(tmp_path: Path) -> None:
     sink.sync(seal=True)
     with pytest.raises(InputError, match="is not this run's"):
         open_sink(tmp_path / "out.npy", ROWS + 1).resume(2, {"dims": DIMS})
+
+
+def test_a_resumed_npy_that_is_not_one_is_refused_and_left_closed(tmp_path: Path) -> None:
+    """An output damaged where its header was: resuming fails, and the file it opened to read
+    the header is closed (this process holds no descriptor on it afterwards)."""
+    out = tmp_path / "out.npy"
+    out.write_bytes(b"not an npy header" * 8)
+
+    def held() -> int:
+        return sum(
+            Path(f"/proc/self/fd/{fd}").resolve() == out for fd in os.listdir("/proc/self/fd")
+        )
+
+    # The traceback is kept (as a caller reporting the error keeps it): it must not be what
+    # holds the file, nor the garbage collector what closes it.
+    with pytest.raises(ValueError) as caught:
+        open_sink(out, ROWS).resume(2, {"dims": DIMS})
+    assert held() == 0, f"the damaged output is still open while its {caught.typename} is kept"
 
 
 def test_unknown_output_formats_and_missing_directories_are_refused(tmp_path: Path) -> None:

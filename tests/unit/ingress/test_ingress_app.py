@@ -16,10 +16,11 @@ from mesh import errors
 from mesh.client import EmbedResult, MeshClient, ValidRequest
 from mesh.client.admission import check_backlog
 from mesh.client.models import ModelBook
-from mesh.client.request import output_options, over_limit_message, prompt_text, valid_tokenized
+from mesh.client.request import output_options, prompt_text, valid_tokenized
 from mesh.ingress.app import INTERACTIVE_MAX_TOKENS, create_app
 from mesh.ingress.config import IngressConfig
 from proto_msgs import BrokerStats, Lane, ModelInfo
+from proto_msgs.checks import over_limit_message
 
 MODEL = ModelInfo(
     name="tiny", aliases=["org/tiny"], dims=8, max_input_tokens=16, vocab_size=100,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,3 +52,23 @@ def test_a_postgres_store_reconnects_after_its_connection_is_killed(
         opened.get_file(made.id)
     assert opened.get_file(made.id) == made
     opened.close()
+
+
+def test_a_store_that_fails_to_open_closes_its_connection(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A state file that is not a database: opening fails, and the connection it made is
+    closed rather than left to the garbage collector."""
+    (tmp_path / "jobs.sqlite3").write_bytes(b"not a database, " * 256)
+    made: list[sqlite3.Connection] = []
+    real_connect = sqlite3.connect
+
+    def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        made.append(real_connect(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    with pytest.raises(sqlite3.DatabaseError):
+        SqliteJobStore(tmp_path)
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        made[0].execute("SELECT 1")
