@@ -41,6 +41,7 @@ from mesh.worker.engine.dense import load_dense
 from mesh.worker.engine.late_interaction import key_lengths
 from mesh.worker.engine.lexical import LexicalHead, load_lexical_head
 from mesh.worker.engine.loader import load_model
+from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.models.registry import spec_for_config
 from mesh.worker.engine.outputs import finalize
 from mesh.worker.engine.pooling import pool, positions
@@ -79,7 +80,7 @@ class Engine:
     (the worker's GPU loop)."""
 
     card: ModelCard
-    model: torch.nn.Module
+    model: PackedEncoder
     device: torch.device
     dtype: torch.dtype
     max_batch_tokens: int
@@ -167,8 +168,7 @@ class Engine:
         if card.task == "score":  # a cross-encoder: its head from the checkpoint itself
             prefixes = spec_for_config(read_config(model_dir)).prefixes
             dense = load_classifier(model_dir, card.dense, prefixes, device)
-            fold = getattr(model, "fold_pair_types", None)
-            pair_shift = fold() if fold is not None else 0
+            pair_shift = model.fold_pair_types()
         else:
             dense = load_dense(model_dir, card.dense, device)
         if card.task == "sparse":  # eager on CUDA too: sparse.py says why
@@ -357,12 +357,8 @@ class Engine:
             ids_t = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
             cu = torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.int32)).to(self.device)
             skip_t = None if skip is None else torch.from_numpy(skip).to(self.device)
-            if keys is None:
-                self.attention.plan(cu, self.card.causal)
-            elif getattr(self.attention, "takes_keys", False):
-                self.attention.plan(cu, self.card.causal, keys=keys)  # type: ignore[call-arg]
-            else:
-                raise ValueError("this attention backend cannot leave a query's expansion out")
+            # A backend without takes_keys refuses keys by name.
+            self.attention.plan(cu, self.card.causal, keys=keys)
             hidden = self.model(ids_t, positions(cu, ids_t.shape[0]), self.attention)
             if self.sparse is not None:  # SPLADE weights [n, vocab]: no pooling, no Dense
                 pooled = self.sparse(hidden, cu)
@@ -440,16 +436,13 @@ class Engine:
         return skip.astype(np.int64) if skip.any() else None
 
 
-def _eager_backend(
-    model: torch.nn.Module, card: ModelCard, device: torch.device
-) -> AttentionBackend:
+def _eager_backend(model: PackedEncoder, card: ModelCard, device: torch.device) -> AttentionBackend:
     """The attention of a model run eagerly: SDPA on CPU, FlashInfer (or varlen) on CUDA."""
     if device.type != "cuda":
         return cpu_backend()
     from mesh.worker.engine.flashinfer_attention import cuda_backend
-    from mesh.worker.engine.gpu import model_heads
 
-    return cuda_backend(model_heads(model), model.dtype, device, card.max_input_tokens)
+    return cuda_backend(model.heads, model.dtype, device, card.max_input_tokens)
 
 
 def choose_kernels(

@@ -37,13 +37,12 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
 from mesh.config import MAX_BATCH_TOKENS_GPU
-from mesh.worker.engine.attention import mask_free
+from mesh.worker.engine.attention import AttentionBackend, mask_free
 from mesh.worker.engine.attention_grouped import SdpaGrouped
 from mesh.worker.engine.card import ModelCard
 from mesh.worker.engine.flashinfer_attention import (
@@ -53,6 +52,7 @@ from mesh.worker.engine.flashinfer_attention import (
     cuda_backend,
 )
 from mesh.worker.engine.flashinfer_windowed import windowed_backend
+from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.pooling import PoolBuffers, fill_pool_indices, pool, static_pool
 from mesh.worker.engine.spans import SpanBuffers, fill_span_index, span_means, static_span_means
 
@@ -74,12 +74,6 @@ def bucket_sizes(graph_max_tokens: int) -> list[int]:
         sizes += [p * q // 4 for q in (4, 5, 6, 7)]
         p *= 2
     return [s for s in sizes if s <= graph_max_tokens]
-
-
-def model_heads(model: torch.nn.Module) -> tuple[int, int, int]:
-    """(query heads, key/value heads, head_dim) of a family's model (every one in
-    :mod:`mesh.worker.engine.models` has the three; encoders have as many of each)."""
-    return model.num_heads, model.num_kv_heads, model.head_dim
 
 
 class _Staging:
@@ -115,7 +109,7 @@ class _Staging:
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    attn: Any
+    attn: FlashInferRagged | TorchVarlen
     ids: torch.Tensor
     pos: torch.Tensor
     pool_in: PoolBuffers  # what static_pool reads besides the hidden states
@@ -132,7 +126,7 @@ class GpuRunner:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PackedEncoder,
         card: ModelCard,
         device: torch.device,
         graph_max_tokens: int = MAX_BATCH_TOKENS_GPU,  # engine.GRAPH_MAX_TOKENS
@@ -147,7 +141,7 @@ class GpuRunner:
         if device.index is not None:
             torch.cuda.set_device(device)
         self.dtype = model.dtype
-        self.heads = model_heads(model)
+        self.heads = model.heads
         # A batch whose attention needs a bias or a window (MPNet's always; ModernBERT's and
         # Gemma 3's with a sequence over mask_free_length) runs eagerly: its masks are planned
         # from lengths read on the host. MPNet's bias only grouped SDPA takes (SDPA per
@@ -156,8 +150,8 @@ class GpuRunner:
         # model's other batches take the fast backend and graphs, as BERT's: all on grouped
         # SDPA, ModernBERT-base and EmbeddingGemma-300m ran 0.08 and 0.03 M tok/s on the
         # H200, BERT-base 2.4 M.
-        self.masked = bool(getattr(model, "needs_masks", False))
-        self.mask_free_length: int | None = getattr(model, "mask_free_length", None)
+        self.masked = model.needs_masks
+        self.mask_free_length = model.mask_free_length
         fast = mask_free(1, self.masked, self.mask_free_length)  # False: every batch is masked
         self.graphs_on = graphs and fast
         self.buckets = bucket_sizes(graph_max_tokens) if self.graphs_on else []
@@ -173,7 +167,9 @@ class GpuRunner:
             if self.masked
             else None
         )
-        self.eager_attn: Any = self._fast_backend() if fast else self.masked_attn
+        self.eager_attn: AttentionBackend = (
+            self._fast_backend() if fast or self.masked_attn is None else self.masked_attn
+        )
         self.graphs: dict[int, _Graph] = {}
         self.failed: set[int] = set()  # buckets whose capture failed: they stay eager
         self.span_graphs: dict[int, _Graph] = {}  # the same, for batches holding spans
@@ -305,18 +301,19 @@ class GpuRunner:
             assert graph.span_rows is not None  # a graph of the span family
             return pooled, None, graph.span_rows[: spans.shape[0]].clone()
         self.eager_batches += 1
-        # keys (a ColBERT query's expansion) only grouped SDPA takes beside a window.
-        windowed = not fast and self.windowed_attn is not None and keys is None
+        # keys (a ColBERT query's expansion): the windowed backend only if it takes them.
+        windowed = (
+            not fast
+            and self.windowed_attn is not None
+            and (keys is None or self.windowed_attn.takes_keys)
+        )
         attn = self.eager_attn if fast else self.windowed_attn if windowed else self.masked_attn
         self.masked_batches += not fast
         self.windowed_batches += windowed
         ids_d = ids_h.to(self.device, non_blocking=True)
         pos_d = pos_h.to(self.device, non_blocking=True)
         cu_d = cu_h.to(self.device, non_blocking=True)
-        if keys is None:
-            attn.plan(cu_h, self.card.causal)
-        else:
-            attn.plan(cu_h, self.card.causal, keys=keys)
+        attn.plan(cu_h, self.card.causal, keys=keys)
         stage.copied.record()
         hidden = self.model(ids_d, pos_d, attn)
         # Rare (include_prompt: false models only): a small pageable copy is fine here.
