@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.gpu_engine import drive_mesh, workload  # noqa: E402
+from mesh.worker.engine.runner import EngineBatch, EngineOutputs  # noqa: E402
 from mesh.worker.server import INLINE_MAX_MS  # noqa: E402
 from proto_msgs import ModelInfo  # noqa: E402
 
@@ -52,6 +53,12 @@ class NullEngine:
     """Zero vectors for every sequence, after ``batch_ms`` of sleep (the GIL is free)."""
 
     device = torch.device("cpu")
+    has_lexical = False
+
+    def run(self, batch: EngineBatch) -> EngineOutputs:
+        # Only a skip the batch has is passed on, so that fakes without prompts take none.
+        args = () if batch.skip is None else (batch.skip,)
+        return EngineOutputs(self.embed(batch.ids, batch.offsets, *args))
 
     def __init__(self, batch_ms: float) -> None:
         self.batch_s = batch_ms / 1000
