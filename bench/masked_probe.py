@@ -44,8 +44,8 @@ from bench.corpus import DEFAULT_CORPUS, load_texts  # noqa: E402
 from bench.families import BUDGET, tokenize  # noqa: E402
 from bench.family_models import FAMILIES, build  # noqa: E402
 from bench.gpu_engine import fcfs_batches  # noqa: E402
-from mesh.worker.engine.attention_grouped import NO_CUDNN  # noqa: E402
 from mesh.worker.engine.engine import Engine  # noqa: E402
+from mesh.worker.engine.kernels.attention_grouped import NO_CUDNN  # noqa: E402
 
 BACKENDS: dict[str, tuple[SDPBackend, ...] | None] = {
     "no-cudnn": NO_CUDNN,  # SdpaGrouped's default

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from mesh.worker.engine.heads.spans import absolute_spans
 from mesh.worker.engine.outputs import finalize_tensor
 from mesh.worker.engine.runner import EngineBatch, EngineEntry, EngineOutputs
-from mesh.worker.engine.spans import absolute_spans
 from proto_msgs import BatchAssign
 from proto_msgs.messages import SPAN_ROWS
 

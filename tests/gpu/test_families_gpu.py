@@ -19,8 +19,8 @@ import torch
 from models import _finish
 from test_gpu_engine import cosines, pack, random_seqs
 
-from mesh.worker.engine import fused
 from mesh.worker.engine.engine import Engine
+from mesh.worker.engine.kernels import fused
 
 transformers = pytest.importorskip("transformers")
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mesh.worker.engine.attention import AttentionBackend
+from mesh.worker.engine.heads.pooling import positions
+from mesh.worker.engine.kernels.attention import AttentionBackend
 from mesh.worker.engine.models.base import PackedEncoder
-from mesh.worker.engine.pooling import positions
 from mesh.worker.engine.runner import DeviceBatch, Heads, RunnerInput, RunnerOutput, eager_forward
 
 # mallopt parameter numbers from glibc's <malloc.h>.

@@ -35,21 +35,20 @@ import numpy as np
 import torch
 
 from mesh.config import MAX_BATCH_TOKENS_CPU, MAX_BATCH_TOKENS_GPU
-from mesh.worker.engine import fused
-from mesh.worker.engine.attention import AttentionBackend, cpu_backend
 from mesh.worker.engine.card import ModelCard, read_card, read_config
-from mesh.worker.engine.classifier import load_classifier
-from mesh.worker.engine.colbert import load_multivector
 from mesh.worker.engine.cpu import CpuRunner, keep_freed_memory
-from mesh.worker.engine.dense import load_dense
-from mesh.worker.engine.late_interaction import key_lengths
-from mesh.worker.engine.lexical import LexicalHead, load_lexical_head
+from mesh.worker.engine.heads.colbert import load_multivector
+from mesh.worker.engine.heads.dense import load_classifier, load_dense
+from mesh.worker.engine.heads.late_interaction import key_lengths
+from mesh.worker.engine.heads.lexical import LexicalHead, load_lexical_head
+from mesh.worker.engine.heads.sparse import load_sparse_head
+from mesh.worker.engine.kernels import fused
+from mesh.worker.engine.kernels.attention import AttentionBackend, cpu_backend
 from mesh.worker.engine.loader import load_model
 from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.models.registry import spec_for_config
 from mesh.worker.engine.outputs import finalize
 from mesh.worker.engine.runner import EngineBatch, EngineOutputs, Heads, RunnerInput
-from mesh.worker.engine.sparse import load_sparse_head
 
 if TYPE_CHECKING:
     from mesh.worker.engine.gpu import GpuRunner
@@ -132,7 +131,7 @@ class Engine:
           Qwen3-0.6B 0.20 -> 0.39 M tok/s with it, but BERT-base 2.01 -> 1.72 and MiniLM
           6.1 -> 5.0 M tok/s, because inductor's dynamic-shape GELU and LayerNorm kernels
           ran slower than eager's;
-        - "fused": Triton kernels (:mod:`mesh.worker.engine.fused`: residual + norm, q/k
+        - "fused": Triton kernels (:mod:`mesh.worker.engine.kernels.fused`: residual + norm, q/k
           norm + RoPE, SiLU * up) and, for BERT, bias + GELU in the up projection's
           cuBLASLt epilogue, which is GELU's tanh approximation (within 4.7e-4 of HF's erf
           GELU; ``exact_gelu`` keeps erf, as TEI's tanh GELU is what it replaces). On the
@@ -415,7 +414,7 @@ def _eager_backend(model: PackedEncoder, card: ModelCard, device: torch.device) 
     """The attention of a model run eagerly: SDPA on CPU, FlashInfer (or varlen) on CUDA."""
     if device.type != "cuda":
         return cpu_backend()
-    from mesh.worker.engine.flashinfer_attention import cuda_backend
+    from mesh.worker.engine.kernels.flashinfer_attention import cuda_backend
 
     return cuda_backend(model.heads, model.dtype, device, card.max_input_tokens)
 

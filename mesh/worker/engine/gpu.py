@@ -42,20 +42,20 @@ import numpy as np
 import torch
 
 from mesh.config import MAX_BATCH_TOKENS_GPU
-from mesh.worker.engine.attention import AttentionBackend, mask_free
-from mesh.worker.engine.attention_grouped import SdpaGrouped
 from mesh.worker.engine.card import ModelCard
-from mesh.worker.engine.flashinfer_attention import (
+from mesh.worker.engine.heads.pooling import PoolBuffers, fill_pool_indices, static_pool
+from mesh.worker.engine.heads.spans import SpanBuffers, fill_span_index, static_span_means
+from mesh.worker.engine.kernels.attention import AttentionBackend, mask_free
+from mesh.worker.engine.kernels.attention_grouped import SdpaGrouped
+from mesh.worker.engine.kernels.flashinfer_attention import (
     WORKSPACE_BYTES,
     FlashInferRagged,
     TorchVarlen,
     cuda_backend,
 )
-from mesh.worker.engine.flashinfer_windowed import windowed_backend
+from mesh.worker.engine.kernels.flashinfer_windowed import windowed_backend
 from mesh.worker.engine.models.base import PackedEncoder
-from mesh.worker.engine.pooling import PoolBuffers, fill_pool_indices, static_pool
 from mesh.worker.engine.runner import DeviceBatch, Heads, RunnerInput, RunnerOutput, eager_forward
-from mesh.worker.engine.spans import SpanBuffers, fill_span_index, static_span_means
 
 log = logging.getLogger("embedmesh.worker.gpu")
 

@@ -22,11 +22,11 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from mesh.worker.engine.attention import AttentionBackend
+from mesh.worker.engine.heads.pooling import pool
+from mesh.worker.engine.heads.spans import span_means
+from mesh.worker.engine.heads.sparse import SparseHead
+from mesh.worker.engine.kernels.attention import AttentionBackend
 from mesh.worker.engine.models.base import PackedEncoder
-from mesh.worker.engine.pooling import pool
-from mesh.worker.engine.spans import span_means
-from mesh.worker.engine.sparse import SparseHead
 
 
 @dataclass(frozen=True)

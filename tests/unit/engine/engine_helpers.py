@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
-from mesh.worker.engine.attention import SdpaPerSequence
+from mesh.worker.engine.kernels.attention import SdpaPerSequence
 from mesh.worker.engine.models.base import PackedEncoder
 
 CORPUS = Path(__file__).resolve().parents[3] / "data" / "corpus.jsonl"

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from mesh.worker.engine.attention import SdpaPerSequence
-from mesh.worker.engine.attention_grouped import SdpaGrouped
-from mesh.worker.engine.pooling import pool, positions, segment_ids
+from mesh.worker.engine.heads.pooling import pool, positions, segment_ids
+from mesh.worker.engine.kernels.attention import SdpaPerSequence
+from mesh.worker.engine.kernels.attention_grouped import SdpaGrouped
 
 LENGTHS = [1, 5, 17, 2, 64, 3, 33, 1, 100]
 
@@ -91,8 +91,8 @@ def test_the_per_sequence_backend_adds_a_relative_bias_and_limits_a_window(
 
 
 def test_every_backend_states_what_it_honours() -> None:
-    from mesh.worker.engine import flashinfer_attention, flashinfer_windowed
-    from mesh.worker.engine.attention import DECLARATIONS, AttentionBackend
+    from mesh.worker.engine.kernels import flashinfer_attention, flashinfer_windowed
+    from mesh.worker.engine.kernels.attention import DECLARATIONS, AttentionBackend
 
     backends = [
         SdpaPerSequence,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from engine_helpers import MaskFreeSdpa, bare_model
 
-from mesh.worker.engine.attention import (
+from mesh.worker.engine.kernels.attention import (
     SdpaPerSequence,
     mask_free,
     mask_free_length,

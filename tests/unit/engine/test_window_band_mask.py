@@ -10,9 +10,9 @@ import pytest
 import torch
 from engine_helpers import bare_model
 
-from mesh.worker.engine import flashinfer_windowed
-from mesh.worker.engine.attention import sequence_mask
-from mesh.worker.engine.flashinfer_windowed import (
+from mesh.worker.engine.kernels import flashinfer_windowed
+from mesh.worker.engine.kernels.attention import sequence_mask
+from mesh.worker.engine.kernels.flashinfer_windowed import (
     WINDOW_MASK_ENV,
     band_mask,
     windowed_backend,

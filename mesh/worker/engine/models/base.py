@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from mesh.worker.engine.attention import AttentionBackend, mask_free_length
+from mesh.worker.engine.kernels.attention import AttentionBackend, mask_free_length
 from mesh.worker.engine.weights import Weights, WeightSource
 
 KERNELS = ("torch", "compile", "fused")

@@ -8,7 +8,7 @@ one GEMM instead of three.
 
 The per-layer work after attention is :func:`.blocks.post_ln`, picked per model by
 :meth:`BertEncoder.use_kernels`: eager torch (the CPU path and the reference), one
-``torch.compile`` of it, or the fused CUDA path (:mod:`mesh.worker.engine.fused` residual +
+``torch.compile`` of it, or the fused CUDA path (:mod:`mesh.worker.engine.kernels.fused` residual +
 LayerNorm kernels, bias + GELU in the up projection's cuBLASLt epilogue). XLM-RoBERTa
 (:mod:`.xlm_roberta`) and MPNet (:mod:`.mpnet`) reuse these layers.
 """
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mesh.worker.engine.attention import AttentionBackend
+from mesh.worker.engine.kernels.attention import AttentionBackend
 from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.models.blocks import PostLn, post_ln, post_ln_for
 from mesh.worker.engine.weights import Weights

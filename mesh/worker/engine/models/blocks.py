@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mesh.worker.engine import fused
+from mesh.worker.engine.kernels import fused
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 

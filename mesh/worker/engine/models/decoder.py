@@ -17,7 +17,7 @@ card:
 
 Three ways to run the non-GEMM parts, picked per model by :meth:`DecoderEmbedder.use_kernels`:
 eager torch (the CPU path and the reference), ``torch.compile`` of the per-layer functions,
-or the fused CUDA path (:mod:`mesh.worker.engine.fused`), where each residual add is fused
+or the fused CUDA path (:mod:`mesh.worker.engine.kernels.fused`), where each residual add is fused
 into the norm that follows it, so layers hand back their MLP output and the model loop adds
 it to the residual stream together with the next layer's input norm (or the final norm).
 Without q/k norms (Qwen2, Mistral) the fused path applies RoPE in torch.
@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mesh.worker.engine import fused
-from mesh.worker.engine.attention import AttentionBackend
+from mesh.worker.engine.kernels import fused
+from mesh.worker.engine.kernels.attention import AttentionBackend
 from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.models.blocks import (
     activation,

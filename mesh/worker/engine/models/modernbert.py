@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mesh.worker.engine.attention import AttentionBackend
+from mesh.worker.engine.kernels.attention import AttentionBackend
 from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.models.blocks import (
     Activation,

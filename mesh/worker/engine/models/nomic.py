@@ -17,7 +17,7 @@ are read by :func:`.registry.standard_config`.
 
 On CUDA: FlashInfer attention and CUDA graphs (no masks needed), and two ways to run the
 non-GEMM parts, picked by :meth:`NomicBertEncoder.use_kernels`: eager torch (the CPU path
-and the reference), or "fused" (:mod:`mesh.worker.engine.fused`: rotary on q and k in one
+and the reference), or "fused" (:mod:`mesh.worker.engine.kernels.fused`: rotary on q and k in one
 in-place pass over the QKV output, each residual add fused into its LayerNorm, and the
 GLU's ``act(gate) * up`` in one kernel: SiLU, or GELU exactly as torch's erf form, so GeGLU
 needs no ``exact_gelu``). There is no compiled path: "compile" runs eager torch and says so.
@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mesh.worker.engine import fused
-from mesh.worker.engine.attention import AttentionBackend
+from mesh.worker.engine.kernels import fused
+from mesh.worker.engine.kernels.attention import AttentionBackend
 from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.models.blocks import (
     FUSED_GLU,

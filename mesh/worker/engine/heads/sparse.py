@@ -34,9 +34,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from mesh.worker.engine.card import ModelCard, read_config
+from mesh.worker.engine.heads.pooling import segment_ids
 from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.models.registry import spec_for_config
-from mesh.worker.engine.pooling import segment_ids
 from mesh.worker.engine.st_config import Splade
 from mesh.worker.engine.weights import WeightSource
 

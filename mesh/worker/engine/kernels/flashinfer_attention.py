@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from mesh.env_knobs import switch_from_env
-from mesh.worker.engine.attention import AttentionBackend
+from mesh.worker.engine.kernels.attention import AttentionBackend
 
 # FlashInfer's recommended float workspace (split-k partial results); one per wrapper.
 WORKSPACE_BYTES = 128 * 1024 * 1024

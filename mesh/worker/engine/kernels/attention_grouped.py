@@ -2,7 +2,7 @@
 Gemma 3's sliding windows): sequences sorted by length, padded into groups, one masked SDPA
 call per group and layer.
 
-Why not :class:`~mesh.worker.engine.attention.SdpaPerSequence` there: a loop of one SDPA
+Why not :class:`~mesh.worker.engine.kernels.attention.SdpaPerSequence` there: a loop of one SDPA
 call (and one mask) per sequence per layer is a few thousand small kernels a batch. On the
 H200 it ran those families at 8-14 thousand tokens/s (`bench/families.py`, 2026-12-03:
 ModernBERT-base 0.008 M tok/s, EmbeddingGemma-300m 0.008, MPNet-base 0.014; BERT-base on
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mesh.worker.engine.attention import AttentionBackend, position_limits
+from mesh.worker.engine.kernels.attention import AttentionBackend, position_limits
 
 
 @dataclass

@@ -44,8 +44,8 @@ import os
 import numpy as np
 import torch
 
-from mesh.worker.engine.attention import AttentionBackend
-from mesh.worker.engine.flashinfer_attention import (
+from mesh.worker.engine.kernels.attention import AttentionBackend
+from mesh.worker.engine.kernels.flashinfer_attention import (
     FLASHINFER_HEAD_DIMS,
     WORKSPACE_BYTES,
     FlashInferRagged,
