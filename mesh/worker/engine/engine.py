@@ -207,6 +207,10 @@ class Engine:
             with torch.inference_mode():
                 self.runner.warmup(buckets, spans=spans)
 
+    def graph_summary(self) -> str | None:
+        """The CUDA runner's graph use so far, for the worker's log; None on CPU."""
+        return None if isinstance(self.runner, CpuRunner) else self.runner.summary()
+
     def live_lane(self, max_tokens: int) -> Engine:
         """A sibling for the worker's live lane (:mod:`mesh.worker.live_lane`): the same
         weights and heads, with per-batch state of its own, so that it can run a small batch

@@ -204,7 +204,8 @@ def sequence_mask(
         return None  # no window cuts it: is_causal (or nothing) says it all
     allowed = position_limits(n, causal, window, device)
     if bias is None:
-        return allowed[None, None]  # type: ignore[index]
+        assert allowed is not None  # the window cuts this sequence (checked above)
+        return allowed[None, None]
     scores = bias[:, :n, :n]
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))

@@ -265,7 +265,8 @@ class TorchVarlen(AttentionBackend):
             self._copied.synchronize()
             self._cu_host[: n + 1] = cu
             self._cu_host[n + 1 :] = cu[-1]
-            self._cu.copy_(self._cu_host, non_blocking=True)  # type: ignore[union-attr]
+            assert self._cu is not None  # allocated with the capacity
+            self._cu.copy_(self._cu_host, non_blocking=True)
             self._copied.record()
         else:
             self._cu = cu.to(self.device, non_blocking=True)  # cu is pinned staging (gpu.py)
