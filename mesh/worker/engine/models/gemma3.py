@@ -146,7 +146,8 @@ def _layer_types(config: dict[str, Any]) -> list[str]:
 
 
 def _window(config: dict[str, Any], causal: bool) -> int | None:
-    """The local layers' window as a backend's ``run`` takes it: keys at most this far away."""
+    """The local layers' window as a backend's ``run`` takes it: keys at most this far
+    away."""
     saved = config.get("sliding_window")
     if saved is None:
         return None

@@ -113,8 +113,8 @@ class ModernBertEncoder(PackedEncoder):
 
 
 def _window(config: dict[str, Any]) -> int:
-    """The local layers' window as a backend's ``run`` takes it: keys at most this far away (transformers'
-    ``abs(q - kv) <= local_attention // 2``)."""
+    """The local layers' window as a backend's ``run`` takes it: keys at most this far
+    away (transformers' ``abs(q - kv) <= local_attention // 2``)."""
     return int(config.get("local_attention", 128)) // 2
 
 
