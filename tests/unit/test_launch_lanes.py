@@ -180,7 +180,7 @@ def test_a_lanes_capture_stream_is_never_the_bulk_runners(monkeypatch) -> None:
 
     class Runner:  # what Engine.live_lane reads of a GpuRunner
         def __init__(self, *args: object) -> None:
-            self.capture_stream, self.heads, self.graphs_on = "s1", object(), True
+            self.capture_stream, self.output_heads, self.graphs_on = "s1", object(), True
             self.lazy_capture = True
 
     draws = iter(["s1", "s2", "s3"])  # the pool comes round to s1 once more, then s2

@@ -17,7 +17,13 @@ import torch
 from mesh.worker.engine.heads.pooling import positions
 from mesh.worker.engine.kernels.attention import AttentionBackend
 from mesh.worker.engine.models.base import PackedEncoder
-from mesh.worker.engine.runner import DeviceBatch, Heads, RunnerInput, RunnerOutput, eager_forward
+from mesh.worker.engine.runner import (
+    DeviceBatch,
+    OutputHeads,
+    RunnerInput,
+    RunnerOutput,
+    eager_forward,
+)
 
 # mallopt parameter numbers from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
@@ -58,7 +64,7 @@ class CpuRunner:
 
     model: PackedEncoder
     attention: AttentionBackend
-    heads: Heads
+    output_heads: OutputHeads
     causal: bool
     device: torch.device
 
@@ -66,4 +72,6 @@ class CpuRunner:
         ids = torch.from_numpy(np.ascontiguousarray(batch.ids, dtype=np.int64)).to(self.device)
         cu = torch.from_numpy(np.ascontiguousarray(batch.offsets, dtype=np.int32)).to(self.device)
         on_device = DeviceBatch(ids, positions(cu, ids.shape[0]), cu, cu)
-        return eager_forward(self.model, self.attention, self.heads, self.causal, on_device, batch)
+        return eager_forward(
+            self.model, self.attention, self.output_heads, self.causal, on_device, batch
+        )

@@ -48,7 +48,7 @@ from mesh.worker.engine.loader import load_model
 from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.models.registry import spec_for_config
 from mesh.worker.engine.outputs import finalize
-from mesh.worker.engine.runner import EngineBatch, EngineOutputs, Heads, RunnerInput
+from mesh.worker.engine.runner import EngineBatch, EngineOutputs, OutputHeads, RunnerInput
 
 if TYPE_CHECKING:
     from mesh.worker.engine.gpu import GpuRunner
@@ -160,7 +160,7 @@ class Engine:
         # Every family takes both; one without a compiled or fused path runs eager torch and
         # says so.
         kernels = model.use_kernels(kernels, exact_gelu=exact_gelu)
-        heads = _load_heads(model_dir, card, model, device)
+        output_heads = _load_output_heads(model_dir, card, model, device)
         # A cross-encoder: fold its token type 1 into the word table (after its head loaded).
         pair_shift = model.fold_pair_types() if card.task == "score" else 0
         lexical = None
@@ -171,10 +171,10 @@ class Engine:
         if device.type == "cuda" and attention is None and card.task != "sparse":
             from mesh.worker.engine.gpu import GpuRunner
 
-            runner = GpuRunner(model, card, device, graph_max_tokens, graphs, heads)
+            runner = GpuRunner(model, card, device, graph_max_tokens, graphs, output_heads)
         else:
             backend = attention or _eager_backend(model, card, device)
-            runner = CpuRunner(model, backend, heads, card.causal, device)
+            runner = CpuRunner(model, backend, output_heads, card.causal, device)
         return cls(
             card,
             model,
@@ -227,7 +227,7 @@ class Engine:
 
         bulk = self.runner
         runner = GpuRunner(
-            self.model, self.card, self.device, max_tokens, bulk.graphs_on, bulk.heads
+            self.model, self.card, self.device, max_tokens, bulk.graphs_on, bulk.output_heads
         )
         runner.lazy_capture = False
         # torch hands streams out of a pool of 32 in turn: should the lane's capture stream
@@ -401,17 +401,17 @@ def _check_spans(spans: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) ->
             raise ValueError("a span must be non-empty and inside one sequence")
 
 
-def _load_heads(
+def _load_output_heads(
     model_dir: str | Path, card: ModelCard, model: PackedEncoder, device: torch.device
-) -> Heads:
+) -> OutputHeads:
     """What leaves the model: its pooling, its Dense layers (a cross-encoder's classifier,
     from the checkpoint itself) or its SPLADE head."""
     if card.task == "sparse":
-        return Heads(card.pooling, sparse=load_sparse_head(model_dir, card, model, device))
+        return OutputHeads(card.pooling, sparse=load_sparse_head(model_dir, card, model, device))
     if card.task == "score":
         prefixes = spec_for_config(read_config(model_dir)).prefixes
-        return Heads(card.pooling, load_classifier(model_dir, card.dense, prefixes, device))
-    return Heads(card.pooling, load_dense(model_dir, card.dense, device))
+        return OutputHeads(card.pooling, load_classifier(model_dir, card.dense, prefixes, device))
+    return OutputHeads(card.pooling, load_dense(model_dir, card.dense, device))
 
 
 def _eager_backend(model: PackedEncoder, card: ModelCard, device: torch.device) -> AttentionBackend:

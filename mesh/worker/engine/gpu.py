@@ -55,7 +55,13 @@ from mesh.worker.engine.kernels.flashinfer_attention import (
 )
 from mesh.worker.engine.kernels.flashinfer_windowed import windowed_backend
 from mesh.worker.engine.models.base import PackedEncoder
-from mesh.worker.engine.runner import DeviceBatch, Heads, RunnerInput, RunnerOutput, eager_forward
+from mesh.worker.engine.runner import (
+    DeviceBatch,
+    OutputHeads,
+    RunnerInput,
+    RunnerOutput,
+    eager_forward,
+)
 
 log = logging.getLogger("embedmesh.worker.gpu")
 
@@ -132,12 +138,12 @@ class GpuRunner:
         device: torch.device,
         graph_max_tokens: int = MAX_BATCH_TOKENS_GPU,  # engine.GRAPH_MAX_TOKENS
         graphs: bool = True,
-        heads: Heads | None = None,
+        output_heads: OutputHeads | None = None,
     ) -> None:
         self.model = model
         self.card = card
         # Pooling then any sentence-transformers Dense layers (fp32); no SPLADE head here.
-        self.heads = heads or Heads(card.pooling)
+        self.output_heads = output_heads or OutputHeads(card.pooling)
         self.device = device
         # Streams, events and pinned buffers below belong to the current device.
         if device.index is not None:
@@ -277,7 +283,13 @@ class GpuRunner:
             cu_h,
         )
         out = eager_forward(
-            self.model, attn, self.heads, self.card.causal, on_device, batch, stage.copied.record
+            self.model,
+            attn,
+            self.output_heads,
+            self.card.causal,
+            on_device,
+            batch,
+            stage.copied.record,
         )
         lazy = self.lazy_capture and keys is None
         if bucket is not None and bucket not in family and lazy and self._budget_left():
@@ -398,7 +410,7 @@ class GpuRunner:
         slots carry garbage through the Dense layers: only the first n rows are read); and in
         the span family, the span rows."""
         pooled = static_pool(hidden, pool_in, self.card.pooling, slots)
-        dense = self.heads.dense
+        dense = self.output_heads.dense
         pooled = pooled if dense is None else dense(pooled)
         return pooled, None if span_in is None else static_span_means(hidden, span_in)
 

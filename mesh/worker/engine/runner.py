@@ -111,7 +111,7 @@ class EngineEntry(Protocol):
 
 
 @dataclass
-class Heads:
+class OutputHeads:
     """What leaves the model, after the final hidden states: the pooling (or a SPLADE head
     in its place), then any Dense layers (a cross-encoder's classifier among them)."""
 
@@ -150,7 +150,7 @@ class DeviceBatch:
 def eager_forward(
     model: PackedEncoder,
     attn: AttentionBackend,
-    heads: Heads,
+    output_heads: OutputHeads,
     causal: bool,
     on_device: DeviceBatch,
     batch: RunnerInput,
@@ -164,5 +164,5 @@ def eager_forward(
     hidden = model(on_device.ids, on_device.pos, attn)
     # Rare (include_prompt: false models only): a small pageable copy is fine here.
     skip = None if batch.skip is None else torch.from_numpy(batch.skip).to(hidden.device)
-    pooled, rows = heads(hidden, on_device.cu, skip, batch.spans)
+    pooled, rows = output_heads(hidden, on_device.cu, skip, batch.spans)
     return RunnerOutput(pooled, hidden if batch.keep_hidden else None, rows)
