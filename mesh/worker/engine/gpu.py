@@ -210,7 +210,7 @@ class GpuRunner:
         self, capacity: tuple[int, int] | None = None
     ) -> FlashInferRagged | TorchVarlen:
         """FlashInfer or varlen (``cuda_backend``), eager or for a graph of ``capacity``. For a
-        windowed model it is ``windows_covered``: ``_run`` plans it only with batches that
+        windowed model it is ``windows_covered``: ``forward`` plans it only with batches that
         :func:`mask_free` clears, and a graph is replayed only for those too."""
         backend = cuda_backend(
             self.heads,
@@ -361,7 +361,7 @@ class GpuRunner:
         started = time.perf_counter()
         seqs = min(rows, MAX_GRAPH_SEQUENCES)
         # Planned below with one sequence of every row, longer than a window may be: the
-        # captured kernels do not depend on the lengths (replays re-plan), and _run replays
+        # captured kernels do not depend on the lengths (replays re-plan), and forward replays
         # the graph only for batches mask_free clears.
         attn = self._fast_backend(capacity=(seqs, rows))
         ids = torch.zeros(rows, dtype=torch.int64, device=self.device)
