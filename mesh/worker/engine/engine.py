@@ -48,7 +48,15 @@ from mesh.worker.engine.loader import load_model
 from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.models.registry import spec_for_config
 from mesh.worker.engine.outputs import finalize
-from mesh.worker.engine.runner import EngineBatch, EngineOutputs, OutputHeads, RunnerInput
+from mesh.worker.engine.runner import (
+    EngineBatch,
+    EngineOutputs,
+    OutputHeads,
+    RunnerInput,
+    check_spans,
+    checked_skip,
+    pair_types,
+)
 
 if TYPE_CHECKING:
     from mesh.worker.engine.gpu import GpuRunner
@@ -255,12 +263,16 @@ class Engine:
         ids, offsets = batch.ids, batch.offsets
         assert offsets[0] == 0 and offsets[-1] == ids.shape[0], "a batch the broker let by"
         lengths = np.diff(offsets.astype(np.int64))
-        skip = self._checked_skip(batch.skip, lengths)
-        types = self._token_types(batch.pairs, offsets, lengths)
+        skip = checked_skip(batch.skip, lengths)
+        types = None
+        if batch.pairs is not None:
+            if self.card.task != "score":
+                raise ValueError(f"model {self.card.name!r} embeds texts; it takes no pairs")
+            types = pair_types(batch.pairs, offsets, lengths)
         if types is not None and self.pair_shift:
             ids = ids.astype(np.int64) + self.pair_shift * types
         if batch.spans is not None:
-            _check_spans(batch.spans, offsets, lengths)
+            check_spans(batch.spans, offsets, lengths)
         if batch.lexical and self.lexical is None:
             raise ValueError(f"model {self.card.name!r} has no lexical weights")
         if lengths.shape[0] == 0:
@@ -349,56 +361,6 @@ class Engine:
         normalize = self.card.normalize if normalize is None else normalize
         with torch.inference_mode():
             return finalize(pooled, dims, normalize, kind, top_k, threshold)
-
-    def _token_types(
-        self, pairs: np.ndarray | None, offsets: np.ndarray, lengths: np.ndarray
-    ) -> np.ndarray | None:
-        """int64 ``[total]`` token types of a batch holding pairs; None when it holds none."""
-        if pairs is None:
-            return None
-        pairs = np.asarray(pairs)
-        if pairs.shape != lengths.shape or not np.issubdtype(pairs.dtype, np.integer):
-            raise ValueError("pairs must be integers [n], one per sequence")
-        if self.card.task != "score":
-            raise ValueError(f"model {self.card.name!r} embeds texts; it takes no pairs")
-        if pairs.size and (pairs.min() < 0 or (pairs >= lengths).any()):
-            raise ValueError("a pair's second text must begin inside its sequence")
-        if not pairs.any():
-            return None
-        # +1 where a second text begins, -1 where its sequence ends: the running sum is the type.
-        step = np.zeros(int(offsets[-1]) + 1, dtype=np.int64)
-        split = np.flatnonzero(pairs)
-        np.add.at(step, offsets[split].astype(np.int64) + pairs[split], 1)
-        np.add.at(step, offsets[split + 1].astype(np.int64), -1)
-        return np.cumsum(step[:-1])
-
-    @staticmethod
-    def _checked_skip(skip: np.ndarray | None, lengths: np.ndarray) -> np.ndarray | None:
-        if skip is None:
-            return None
-        skip = np.asarray(skip)
-        if skip.shape != lengths.shape or not np.issubdtype(skip.dtype, np.integer):
-            raise ValueError("skip must be integers [n], one per sequence")
-        if skip.size and (skip.min() < 0 or (skip >= lengths).any()):
-            raise ValueError("skip must leave at least one token of each sequence")
-        return skip.astype(np.int64) if skip.any() else None
-
-
-def _check_spans(spans: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> None:
-    """Spans as :meth:`Engine.run` takes them: int ``[S, 2]``, each non-empty and inside one
-    sequence (ValueError otherwise)."""
-    spans = np.asarray(spans)
-    if spans.ndim != 2 or spans.shape[1] != 2 or not np.issubdtype(spans.dtype, np.integer):
-        raise ValueError("spans must be integers [S, 2]")
-    if spans.size:
-        seq = np.searchsorted(offsets, spans[:, 0], side="right") - 1
-        ends = np.asarray(offsets)[np.clip(seq + 1, 0, len(lengths))]
-        if (
-            (spans[:, 0] < 0).any()
-            or (spans[:, 1] <= spans[:, 0]).any()
-            or (spans[:, 1] > ends).any()
-        ):
-            raise ValueError("a span must be non-empty and inside one sequence")
 
 
 def _load_output_heads(

@@ -50,6 +50,55 @@ class EngineBatch:
     lexical: bool = False
 
 
+def checked_skip(skip: np.ndarray | None, lengths: np.ndarray) -> np.ndarray | None:
+    """A batch's ``skip`` as int64, or None where it skips nothing; ValueError unless it is
+    integers ``[n]`` leaving at least one token of each sequence."""
+    if skip is None:
+        return None
+    skip = np.asarray(skip)
+    if skip.shape != lengths.shape or not np.issubdtype(skip.dtype, np.integer):
+        raise ValueError("skip must be integers [n], one per sequence")
+    if skip.size and (skip.min() < 0 or (skip >= lengths).any()):
+        raise ValueError("skip must leave at least one token of each sequence")
+    return skip.astype(np.int64) if skip.any() else None
+
+
+def pair_types(pairs: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
+    """int64 ``[total]`` token types of a batch holding pairs (``pairs``: where each second
+    text begins, 0 for none); None when it holds none. ValueError for a split outside its
+    sequence."""
+    pairs = np.asarray(pairs)
+    if pairs.shape != lengths.shape or not np.issubdtype(pairs.dtype, np.integer):
+        raise ValueError("pairs must be integers [n], one per sequence")
+    if pairs.size and (pairs.min() < 0 or (pairs >= lengths).any()):
+        raise ValueError("a pair's second text must begin inside its sequence")
+    if not pairs.any():
+        return None
+    # +1 where a second text begins, -1 where its sequence ends: the running sum is the type.
+    step = np.zeros(int(offsets[-1]) + 1, dtype=np.int64)
+    split = np.flatnonzero(pairs)
+    np.add.at(step, offsets[split].astype(np.int64) + pairs[split], 1)
+    np.add.at(step, offsets[split + 1].astype(np.int64), -1)
+    return np.cumsum(step[:-1])
+
+
+def check_spans(spans: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> None:
+    """Spans as :meth:`Engine.run` takes them: int ``[S, 2]``, each non-empty and inside one
+    sequence (ValueError otherwise)."""
+    spans = np.asarray(spans)
+    if spans.ndim != 2 or spans.shape[1] != 2 or not np.issubdtype(spans.dtype, np.integer):
+        raise ValueError("spans must be integers [S, 2]")
+    if spans.size:
+        seq = np.searchsorted(offsets, spans[:, 0], side="right") - 1
+        ends = np.asarray(offsets)[np.clip(seq + 1, 0, len(lengths))]
+        if (
+            (spans[:, 0] < 0).any()
+            or (spans[:, 1] <= spans[:, 0]).any()
+            or (spans[:, 1] > ends).any()
+        ):
+            raise ValueError("a span must be non-empty and inside one sequence")
+
+
 @dataclass(frozen=True)
 class EngineOutputs:
     """What one forward gives, on the engine's device.
