@@ -87,7 +87,7 @@ def device_allocs(device: str) -> int:
 
 
 def time_batches(engine: Engine, batches: list, device: str) -> dict:
-    runner = engine.runner
+    runner = engine.gpu_runner
     attn = getattr(runner, "masked_attn", None) or getattr(runner, "eager_attn", None)
     plan = getattr(attn, "plan", None)
     plan_s, groups = [0.0], []
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     build(FAMILIES[args.family], path, args.quick, device)
     engine = Engine.load(path, device=device, max_batch_tokens=BUDGET)
     repeat = draws(ids, args.batches, seed=0)
-    runner = engine.runner
+    runner = engine.gpu_runner
     engine_attn = type(runner.masked_attn).__name__ if runner is not None else "cpu"
     results: dict = {"family": args.family, "device": device, "torch": torch.__version__,
                      "masked_backend": engine_attn, "runs": {}}  # fmt: skip

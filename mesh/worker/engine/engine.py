@@ -211,13 +211,19 @@ class Engine:
     def warmup(self, buckets: list[int], spans: bool = False) -> None:
         """CUDA: capture the graphs of these token buckets now, with ``spans`` the graphs of
         batches holding spans too (no-op on CPU)."""
-        if not isinstance(self.runner, CpuRunner):
+        if self.gpu_runner is not None:
             with torch.inference_mode():
-                self.runner.warmup(buckets, spans=spans)
+                self.gpu_runner.warmup(buckets, spans=spans)
+
+    @property
+    def gpu_runner(self) -> GpuRunner | None:
+        """The CUDA runner (graphs, staging, its counters); None where batches run on the
+        CPU runner (the CPU, or CUDA for a model run eagerly)."""
+        return None if isinstance(self.runner, CpuRunner) else self.runner
 
     def graph_summary(self) -> str | None:
-        """The CUDA runner's graph use so far, for the worker's log; None on CPU."""
-        return None if isinstance(self.runner, CpuRunner) else self.runner.summary()
+        """The CUDA runner's graph use so far, for the worker's log; None without one."""
+        return None if self.gpu_runner is None else self.gpu_runner.summary()
 
     def live_lane(self, max_tokens: int) -> Engine:
         """A sibling for the worker's live lane (:mod:`mesh.worker.live_lane`): the same
