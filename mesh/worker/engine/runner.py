@@ -158,6 +158,14 @@ class EngineEntry(Protocol):
 
     def live_lane(self, max_tokens: int) -> EngineEntry: ...
 
+    # What the live lane's warm-up uses: its graphs, then one query-sized batch timed.
+    @property
+    def vocab_size(self) -> int: ...
+
+    def warmup(self, buckets: list[int], spans: bool = False) -> None: ...
+
+    def embed(self, ids: np.ndarray, offsets: np.ndarray) -> torch.Tensor: ...
+
 
 @dataclass
 class OutputHeads:
