@@ -1,6 +1,7 @@
-"""Our Gemma 3 embedder equals transformers' Gemma3TextModel in fp32: bidirectional as
-EmbeddingGemma (mean pooled, the local layers' window either side) and causal (last token),
-sandwich norms, q/k norms, query_pre_attn_scalar, a theta per layer kind; refusals by name."""
+"""Our Gemma 3 embedder beyond the family table's comparison with Gemma3TextModel
+(``test_families.py``: bidirectional as EmbeddingGemma, causal): the window and the
+query_pre_attn_scalar must matter, a batch no window cuts runs mask-free and still matches, a
+causal-LM checkpoint loads, refusals by name."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Our Mistral embedder equals transformers in fp32 (causal, last-token pooling, as
-e5-mistral), and the card keeps inputs within the sliding window that it does not run."""
+"""Our Mistral embedder beyond the family table's comparison (``test_families.py``: causal,
+last-token pooling, as e5-mistral): the card keeps inputs within the sliding window that it
+does not run; refusals by name."""
 
 from __future__ import annotations
 

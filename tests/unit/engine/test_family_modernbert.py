@@ -1,6 +1,7 @@
-"""Our ModernBERT encoder equals transformers in fp32: rotary positions with a theta per
-layer kind, local layers' sliding window (sequences longer than it), GeGLU, the first
-layer without an attention norm; older Hub configs read the same; refusals by name."""
+"""Our ModernBERT encoder beyond the family table's comparison (``test_families.py``: rotary
+positions with a theta per layer kind, local windows, GeGLU, the first layer without an
+attention norm): the window must matter, a batch no window cuts runs mask-free and still
+matches, biases everywhere, older Hub configs, a masked-LM checkpoint; refusals by name."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Our MPNet encoder equals transformers in fp32: relative position buckets (near and far
-beyond the 128 of the largest bucket), positions after the pad id, a masked-LM checkpoint."""
+"""Our MPNet encoder beyond the family table's comparison (``test_families.py``: relative
+position buckets near and far beyond 128, positions after the pad id): the bias must matter,
+a masked-LM checkpoint loads; refusals by name."""
 
 from __future__ import annotations
 

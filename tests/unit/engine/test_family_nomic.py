@@ -1,9 +1,9 @@
-"""Our NomicBERT / new GTE encoder equals transformers' NomicBertModel and GteModel in fp32:
-in the Hub's remote-code weight layouts (which save_pretrained writes and transformers
-converts back on load: nomic-embed-text's Wqkv/fc11/fc12, gte-v1.5's NewModel), in
-transformers' own (a state dict saved as is), with the Hub's config names (n_embd, ...,
-model_type "new"); refusals by name. And the fused CUDA path (Triton kernels in the
-interpreter) equal to the eager one."""
+"""Our NomicBERT / new GTE encoder (compared with NomicBertModel and GteModel in
+``test_families.py``) loads the Hub's remote-code weight layouts (which save_pretrained
+writes and transformers converts back on load: nomic-embed-text's Wqkv/fc11/fc12, gte-v1.5's
+NewModel), transformers' own (a state dict saved as is) and the Hub's config names (n_embd,
+..., model_type "new") to the same vectors; refusals by name. And the fused CUDA path
+(Triton kernels in the interpreter) equal to the eager one."""
 
 from __future__ import annotations
 

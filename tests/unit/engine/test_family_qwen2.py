@@ -1,5 +1,6 @@
-"""Our Qwen2 embedder (q/k/v biases, no q/k norm) equals transformers in fp32, causal with
-last-token pooling and bidirectional with mean pooling, and refuses what it does not run."""
+"""Our Qwen2 embedder (q/k/v biases, no q/k norm) beyond the family table's comparison
+(``test_families.py``: causal last-token and bidirectional mean pooling): the table's model
+has the biases, a causal-LM checkpoint loads without a pooling config; refusals by name."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Our XLM-RoBERTa / RoBERTa encoder equals transformers in fp32, positions after the pad id
-included, and refuses what it does not implement."""
+"""Our XLM-RoBERTa / RoBERTa encoder beyond the family table's comparison
+(``test_families.py``, positions after the pad id included): a full-length input, RoBERTa and
+masked-LM checkpoints; refusals by name."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Our Qwen3 embedder equals Hugging Face Qwen3Model, causal and bidirectional."""
+"""Our Qwen3 embedder beyond the family table's comparison with Qwen3Model
+(``test_families.py``: causal and bidirectional): the bidirectional reference really is,
+the two modes differ, a mean pooling config means bidirectional, sharded causal-LM
+checkpoints, bf16 close to fp32."""
 
 from __future__ import annotations
 
