@@ -88,7 +88,7 @@ def _call(engine: Engine, output: str, batch: tuple) -> torch.Tensor:
 
 def time_engine(engine: Engine, batches: list, output: str, seconds: float, device: str) -> dict:
     """A warm pass (at most ``seconds``), then passes over the batches until ``seconds``."""
-    runner = engine.runner
+    runner = engine.gpu_runner
 
     def counts() -> tuple[int, int, int, int]:
         if runner is None:
@@ -145,7 +145,7 @@ def bench_engine(
     engine = Engine.load(path, device=device, max_batch_tokens=BUDGET)
     engine.warmup([16])
     result: dict = {"load_s": time.perf_counter() - t, "kernels": engine.kernels}
-    runner = engine.runner
+    runner = engine.gpu_runner
     if runner is not None:
         result |= {"graphs_on": runner.graphs_on, "masked": runner.masked,
                    "attention": type(runner.eager_attn).__name__}  # fmt: skip

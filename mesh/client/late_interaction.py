@@ -7,7 +7,7 @@ document's ``document_length``), the role's marker token is put after the first 
 query keeps a vector per token; a document one per token outside the skiplist (punctuation),
 its [CLS], marker and [SEP] included. The worker projects and normalizes each token's final
 state (rows "multivector") and, for a model whose expansion is attended to by no token,
-finds it from the ids (``mesh.worker.engine.late_interaction.key_lengths``).
+finds it from the ids (``mesh.worker.engine.heads.late_interaction.key_lengths``).
 
 Queries are always cut at ``query_length``, as both libraries do (its expansion makes a
 query exactly that long); a document longer than ``document_length`` is cut only when the

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from mesh.worker.engine.runner import EngineEntry
 from mesh.worker.pipeline import ResultPipeline
 
 
@@ -38,9 +39,9 @@ class LiveLane:
     """The sibling engine, its stream and its result slot. Used from one thread at a time
     (the worker's link thread or the lane's own, under the worker's lane lock)."""
 
-    def __init__(self, engine: object, max_tokens: int) -> None:
+    def __init__(self, engine: EngineEntry, max_tokens: int) -> None:
         self.max_tokens = max_tokens  # the largest batch it runs
-        self.engine = engine.live_lane(max_tokens)  # type: ignore[attr-defined]
+        self.engine = engine.live_lane(max_tokens)
         device = torch.device(self.engine.device)
         self.cuda = device.type == "cuda"
         # The highest priority the device has (torch maps out-of-range values to it).

@@ -1,7 +1,8 @@
 """Launch a batch now, collect its host results later: what keeps a GPU fed from one worker.
 
 The compute loop calls :meth:`ResultPipeline.launch` for a batch: it validates nothing
-(the loop did), runs the engine's forward and each output group's post-processing
+(the broker and the wire codec did), runs the engine's forward (``Engine.run``, one call
+for every output kind) and each output group's post-processing
 (:func:`~mesh.worker.engine.outputs.finalize_tensor`) and, on CUDA, queues the copies of the
 results into a pinned host slot followed by an event, then returns without waiting. Another
 thread calls :meth:`collect` in launch order: it waits for that batch's event (asleep, the
@@ -24,12 +25,14 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
 
+from mesh.worker.engine.heads.spans import absolute_spans
 from mesh.worker.engine.outputs import finalize_tensor
-from mesh.worker.engine.spans import absolute_spans
+from mesh.worker.engine.runner import EngineBatch, EngineEntry, EngineOutputs
 from proto_msgs import BatchAssign
 from proto_msgs.messages import SPAN_ROWS
 
@@ -76,7 +79,7 @@ class Launched:
 
 
 class ResultPipeline:
-    def __init__(self, engine: object, device: torch.device, depth: int = 2) -> None:
+    def __init__(self, engine: EngineEntry, device: torch.device, depth: int = 2) -> None:
         self.engine = engine
         self.cuda = device.type == "cuda"
         self._free: list[_Slot] = [_Slot(self.cuda) for _ in range(depth)]
@@ -90,15 +93,15 @@ class ResultPipeline:
         engine refuses (a client error) and anything else for an engine failure."""
         started = time.perf_counter()
         with torch.inference_mode():
-            pooled, span_rows, span_group, lexical = self._embed(batch)
+            result, span_group = self._forward(batch)
             outputs = []
             for g, out in enumerate(batch.outputs):
-                source, owner = (pooled, batch.output_index)
-                if out.kind == "sparse" and lexical is not None:  # bge-m3's weights
-                    source = lexical
+                source, owner = (result.pooled, batch.output_index)
+                if out.kind == "sparse" and result.lexical is not None:  # bge-m3's weights
+                    source = result.lexical
                 if out.rows in SPAN_ROWS:
-                    assert span_rows is not None and span_group is not None
-                    source, owner = span_rows, span_group
+                    assert result.span_rows is not None and span_group is not None
+                    source, owner = result.span_rows, span_group
                 if len(batch.outputs) == 1:
                     part = source
                 else:
@@ -107,7 +110,7 @@ class ResultPipeline:
                         rows = rows.pin_memory().to(source.device, non_blocking=True)
                     part = source[rows]
                 if out.rows == "multivector":  # per-token rows through the model's head
-                    part = self.engine.project_multivector(part)  # type: ignore[attr-defined]
+                    part = self.engine.project_multivector(part)
                 outputs.append(
                     finalize_tensor(
                         part, out.dims, out.normalize, out.kind, out.top_k, out.threshold
@@ -132,37 +135,22 @@ class ResultPipeline:
                 raise
         return Launched(batch.batch_id, started, host, done, slot, outputs)
 
-    def _embed(
-        self, batch: BatchAssign
-    ) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray | None, torch.Tensor | None]:
-        """Pooled rows per sequence; for a batch with spans, the span rows and each span
-        row's output group; for a batch asking a lexical model (bge-m3) for the kind "sparse",
-        its lexical weights per sequence."""
-        engine = self.engine
-        # A cross-encoder's pairs (where each second text begins), only when the batch has any.
-        extra = {} if batch.segment_b_start is None else {"pairs": batch.segment_b_start}
+    def _forward(self, batch: BatchAssign) -> tuple[EngineOutputs, np.ndarray | None]:
+        """The engine's outputs for ``batch`` (for a batch asking a lexical model, bge-m3,
+        for the kind "sparse", its lexical weights too) and, for a batch with spans, each
+        span row's output group."""
         skips = [out.pool_skip for out in batch.outputs]
         # Per sequence, the prompt tokens its group's requests leave out of the pooling.
         skip = np.asarray(skips, dtype=np.int64)[batch.output_index] if any(skips) else None
-        lexical = getattr(engine, "lexical", None) is not None and any(
-            out.kind == "sparse" for out in batch.outputs
+        lexical = self.engine.has_lexical and any(out.kind == "sparse" for out in batch.outputs)
+        spans, group = None, None
+        if batch.spans is not None and batch.span_offsets is not None:
+            spans = absolute_spans(batch.spans, batch.span_offsets, batch.offsets)
+            group = np.repeat(batch.output_index, np.diff(batch.span_offsets))
+        job = EngineBatch(
+            batch.token_ids, batch.offsets, skip, batch.segment_b_start, spans, lexical
         )
-        if batch.spans is None or batch.span_offsets is None:
-            if lexical:  # the same forward gives the dense groups their pooled rows
-                pooled, weights = engine.embed_lexical(batch.token_ids, batch.offsets, skip)  # type: ignore[attr-defined]
-                return pooled, None, None, weights
-            # Without a skip, the engine is called as engines without prompts are (test fakes).
-            args = () if skip is None else (skip,)
-            pooled = engine.embed(batch.token_ids, batch.offsets, *args, **extra)  # type: ignore[attr-defined]
-            return pooled, None, None, None
-        spans = absolute_spans(batch.spans, batch.span_offsets, batch.offsets)
-        pooled, span_rows = engine.embed_with_spans(  # type: ignore[attr-defined]
-            batch.token_ids, batch.offsets, spans, skip, **extra
-        )
-        group = np.repeat(batch.output_index, np.diff(batch.span_offsets))
-        # Spans and lexical weights in one batch (rare): a second forward, kept simple.
-        weights = engine.embed_lexical(batch.token_ids, batch.offsets, skip)[1] if lexical else None  # type: ignore[attr-defined]
-        return pooled, span_rows, group, weights
+        return self.engine.run(job), group
 
     def wait(self, launched: Launched) -> None:
         """Sleep (without the GIL) until ``launched``'s results exist, for a caller that has
@@ -199,7 +187,7 @@ class ResultPipeline:
                 results = [np.array(t.numpy()) for t in launched.host]  # out of the slot
                 launched.ready_at = time.perf_counter()
             else:
-                results = list(launched.host)  # type: ignore[arg-type]
+                results = cast("list[np.ndarray]", list(launched.host))  # CPU: computed
         finally:
             if launched.slot is not None:
                 launched.keep.clear()

@@ -26,15 +26,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
 import torch
 import zmq
 
 from mesh.config import WORKER_WATCHDOG_S, Liveness
 from mesh.env_knobs import float_from_env
 from mesh.transport import send_frames
+from mesh.worker.engine.engine import Engine
+from mesh.worker.engine.runner import EngineEntry
 from mesh.worker.link import BrokerLink, Incoming, Reply
 from mesh.worker.live_gate import LiveGate, live_gate_ms_from_env
 from mesh.worker.live_lane import LiveLane
@@ -86,12 +87,6 @@ def inline_max_ms_for(device_type: str, live_lane: bool = False) -> float:
     An explicit live lane on CPU keeps the bound: it asked for forwards on other threads.
     On CUDA a forward's CPU side is kernel launches, not OpenMP work."""
     return 0.0 if device_type == "cpu" and not live_lane else INLINE_MAX_MS
-
-
-class EmbeddingEngine(Protocol):
-    """What the compute loop needs from an engine (mesh.worker.engine.Engine fits)."""
-
-    def embed(self, ids: np.ndarray, offsets: np.ndarray) -> torch.Tensor: ...
 
 
 @dataclass
@@ -157,7 +152,7 @@ class WorkerServer:
     def __init__(
         self,
         ctx: zmq.Context,
-        engine: EmbeddingEngine,
+        engine: EngineEntry,
         model: ModelInfo,
         tokenizer_json: bytes,
         broker_endpoint: str,
@@ -193,7 +188,7 @@ class WorkerServer:
         self.link = BrokerLink(
             ctx, broker_endpoint, ready, liveness, connect=connect, accept=self._accept
         )
-        self.device = torch.device(getattr(engine, "device", "cpu"))
+        self.device = torch.device(engine.device)
         self.pipeline = ResultPipeline(engine, self.device, depth=max(1, options.credits))
         self._done: queue.Queue[tuple[Incoming, Launched | list[Any]] | None] = queue.Queue()
         self._outstanding = 0  # batches accepted from the link and not yet answered
@@ -296,9 +291,9 @@ class WorkerServer:
                 except OSError as exc:  # diagnostics must not break shutdown
                     log.error("could not write the profile: %s", exc)
             log.info("worker loop: %s; %s", self.stats.summary(), self.gate.summary())
-            runner = getattr(self.engine, "runner", None)
-            if runner is not None:
-                log.info("worker graphs: %s", runner.summary())
+            graphs = self.engine.graph_summary() if isinstance(self.engine, Engine) else None
+            if graphs is not None:
+                log.info("worker graphs: %s", graphs)
 
     def _accept(self, item: Incoming, reply: Reply) -> None:
         """Link thread, each batch: queue it for the compute loop, or run it here and send

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from mesh.worker.engine.flashinfer_attention import cuda_backend
+from mesh.worker.engine.kernels.flashinfer_attention import cuda_backend
 
 
 def reference(q, k, v, cu, causal):  # noqa: ANN001, ANN201

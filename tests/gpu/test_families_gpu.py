@@ -19,8 +19,8 @@ import torch
 from test_gpu_engine import cosines, pack, random_seqs
 
 from bench.shapes import _finish
-from mesh.worker.engine import fused
 from mesh.worker.engine.engine import Engine
+from mesh.worker.engine.kernels import fused
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from mesh.worker.engine.attention import SdpaPerSequence
-from mesh.worker.engine.attention_grouped import SdpaGrouped
-from mesh.worker.engine.flashinfer_windowed import FlashInferWindowed
+from mesh.worker.engine.kernels.attention import SdpaPerSequence
+from mesh.worker.engine.kernels.attention_grouped import SdpaGrouped
+from mesh.worker.engine.kernels.flashinfer_windowed import FlashInferWindowed
 
 WINDOW = 32
 # Shorter than, at and past the mask-free bound (WINDOW + 1), and far past it; then a re-plan.

@@ -15,8 +15,8 @@ from test_families_gpu import needs_gte_model
 from test_gpu_engine import LENGTHS, cosines, pack, random_seqs, reference
 
 from bench.shapes import bert_base_dir, qwen3_dir, rotary_post_ln_dir
-from mesh.worker.engine import fused
 from mesh.worker.engine.engine import Engine
+from mesh.worker.engine.kernels import fused
 from mesh.worker.engine.models import blocks
 
 pytest.importorskip("triton", reason="the fused kernels need triton")

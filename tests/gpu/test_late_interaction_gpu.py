@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mesh.worker.engine.engine import Engine
-from mesh.worker.engine.flashinfer_attention import FlashInferRagged, TorchVarlen
+from mesh.worker.engine.kernels.flashinfer_attention import FlashInferRagged, TorchVarlen
 from tests.colbert_reference import colbert_reference, served_vectors
 from tests.st_models import build_colbert_ai, build_pylate
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from mesh.worker.engine.engine import Engine
-from mesh.worker.engine.lexical import HEAD_FILE, special_ids
-from mesh.worker.engine.sparse import sparse_rows
+from mesh.worker.engine.heads.lexical import HEAD_FILE, special_ids
+from mesh.worker.engine.heads.sparse import sparse_rows
 from tests.st_models import build_m3_lexical
 from tests.unit.engine.engine_helpers import tokenized
 

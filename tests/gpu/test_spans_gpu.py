@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mesh.worker.engine.engine import Engine
-from mesh.worker.engine.spans import absolute_spans
+from mesh.worker.engine.heads.spans import absolute_spans
 from tests.st_models import build_st_model, build_tiny_bert
 
 SEQS = [[101, *range(2000, 2040), 102], [101, *range(3000, 3011), 102], [101, 4000, 102]]

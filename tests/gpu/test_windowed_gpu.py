@@ -19,9 +19,9 @@ import torch
 from test_families_gpu import SHAPE, VOCAB, _gemma3, _modernbert, model_dir, reference
 from test_gpu_engine import cosines, pack, random_seqs
 
-from mesh.worker.engine.attention_grouped import SdpaGrouped
 from mesh.worker.engine.engine import Engine
-from mesh.worker.engine.flashinfer_windowed import WINDOW_MASK_ENV, FlashInferWindowed
+from mesh.worker.engine.kernels.attention_grouped import SdpaGrouped
+from mesh.worker.engine.kernels.flashinfer_windowed import WINDOW_MASK_ENV, FlashInferWindowed
 
 transformers = pytest.importorskip("transformers")
 

@@ -36,7 +36,7 @@ def test_one_credit_turns_auto_off_but_not_an_explicit_on() -> None:
 
 
 def test_flashinfers_programmatic_launch_follows_the_environment(monkeypatch) -> None:
-    from mesh.worker.engine.flashinfer_attention import pdl_from_env
+    from mesh.worker.engine.kernels.flashinfer_attention import pdl_from_env
 
     monkeypatch.delenv("EMBEDMESH_FLASHINFER_PDL", raising=False)
     assert pdl_from_env() is None
@@ -48,7 +48,7 @@ def test_flashinfers_programmatic_launch_follows_the_environment(monkeypatch) ->
 
 def test_flashinfer_without_the_environment_calls_run_as_before_pdl_existed() -> None:
     # pyproject allows flashinfer>=0.2; run() took no enable_pdl before 0.2.7.
-    from mesh.worker.engine.flashinfer_attention import FlashInferRagged
+    from mesh.worker.engine.kernels.flashinfer_attention import FlashInferRagged
 
     class OldWrapper:
         def run(self, q, k, v, *args, out=None, lse=None):  # noqa: ANN001, ANN002, ANN202
@@ -170,7 +170,7 @@ def test_a_lanes_capture_stream_is_never_the_bulk_runners(monkeypatch) -> None:
 
     class Runner:  # what Engine.live_lane reads of a GpuRunner
         def __init__(self, *args: object) -> None:
-            self.capture_stream, self.eager_attn, self.graphs_on = "s1", object(), True
+            self.capture_stream, self.output_heads, self.graphs_on = "s1", object(), True
             self.lazy_capture = True
 
     draws = iter(["s1", "s2", "s3"])  # the pool comes round to s1 once more, then s2

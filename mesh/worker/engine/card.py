@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mesh.worker.engine.classifier import read_classifier
-from mesh.worker.engine.colbert import MultiVector, read_multivector
-from mesh.worker.engine.late_interaction import ColbertModel, read_colbert
-from mesh.worker.engine.lexical import has_lexical_head
+from mesh.worker.engine.heads.classifier import read_classifier
+from mesh.worker.engine.heads.colbert import MultiVector, read_multivector
+from mesh.worker.engine.heads.late_interaction import ColbertModel, read_colbert
+from mesh.worker.engine.heads.lexical import has_lexical_head
 from mesh.worker.engine.models.registry import (
     Family,
     spec_for_config,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from mesh.worker.engine.colbert import convert_pickled_head
-from mesh.worker.engine.lexical import HEAD_FILE, PICKLED_HEAD_FILE
+from mesh.worker.engine.heads.colbert import convert_pickled_head
+from mesh.worker.engine.heads.lexical import HEAD_FILE, PICKLED_HEAD_FILE
 
 
 def convert_sparse_head(model_dir: str | Path) -> Path:

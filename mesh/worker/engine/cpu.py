@@ -1,10 +1,29 @@
-"""Process-level tuning for CPU inference."""
+"""The CPU runner, and process-level tuning for CPU inference.
+
+:class:`CpuRunner` runs every batch eagerly on the engine's device: the CPU, and CUDA for a
+model no graph serves (SPLADE: ``sparse.py`` says why), with that device's eager attention.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import sys
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mesh.worker.engine.heads.pooling import positions
+from mesh.worker.engine.kernels.attention import AttentionBackend
+from mesh.worker.engine.models.base import PackedEncoder
+from mesh.worker.engine.runner import (
+    DeviceBatch,
+    OutputHeads,
+    RunnerInput,
+    RunnerOutput,
+    eager_forward,
+)
 
 # mallopt parameter numbers from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
@@ -37,3 +56,22 @@ def keep_freed_memory() -> bool:
     ok_mmap = mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES) == 1
     ok_trim = mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES) == 1
     return ok_mmap and ok_trim
+
+
+@dataclass
+class CpuRunner:
+    """Eager forward of packed batches (see the module docstring)."""
+
+    model: PackedEncoder
+    attention: AttentionBackend
+    output_heads: OutputHeads
+    causal: bool
+    device: torch.device
+
+    def forward(self, batch: RunnerInput) -> RunnerOutput:
+        ids = torch.from_numpy(np.ascontiguousarray(batch.ids, dtype=np.int64)).to(self.device)
+        cu = torch.from_numpy(np.ascontiguousarray(batch.offsets, dtype=np.int32)).to(self.device)
+        on_device = DeviceBatch(ids, positions(cu, ids.shape[0]), cu, cu)
+        return eager_forward(
+            self.model, self.attention, self.output_heads, self.causal, on_device, batch
+        )

@@ -1,8 +1,12 @@
-"""The worker's model engine: packed token ids in, pooled embeddings out.
+"""The worker's model engine: packed token ids in, every output kind out.
 
-``Engine.embed`` takes what the wire carries (``int32`` ids of all sequences back to back
-and ``int32`` offsets) and returns ``float32 [n, D]`` pooled vectors on the engine's device;
-``finalize`` (or ``embed_final``) turns them into the requested dims and number format.
+``Engine.run`` is the one entry: an :class:`~.runner.EngineBatch` (what the wire carries:
+``int32`` ids of all sequences back to back, ``int32`` offsets, and the batch's skips, pairs,
+spans) in, :class:`~.runner.EngineOutputs` (pooled rows, span rows, lexical weights) out, on
+the engine's device, from one forward. A runner supplies what differs by device
+(:class:`~.cpu.CpuRunner`, :class:`~.gpu.GpuRunner`); the plan -> model -> heads sequence
+is :func:`~.runner.eager_forward`. ``finalize`` (or ``embed_final``) turns pooled rows into
+the requested dims and number format; ``embed`` and its siblings are ``run`` for scripts.
 
 Throughput on CPU, all-MiniLM-L6-v2 fp32, torch threads 2, 500 corpus texts (every 5th line
 of /work/shared/data/corpus.jsonl: 59,187 tokens with [CLS]/[SEP], cut at 256), one process,
@@ -23,7 +27,7 @@ The forward is compute-bound: GEMMs are ~70 % of it, attention ~16 %.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,21 +35,28 @@ import numpy as np
 import torch
 
 from mesh.config import MAX_BATCH_TOKENS_CPU, MAX_BATCH_TOKENS_GPU
-from mesh.worker.engine import fused
-from mesh.worker.engine.attention import AttentionBackend, cpu_backend
 from mesh.worker.engine.card import ModelCard, read_card, read_config
-from mesh.worker.engine.classifier import load_classifier
-from mesh.worker.engine.colbert import load_multivector
-from mesh.worker.engine.cpu import keep_freed_memory
-from mesh.worker.engine.dense import load_dense
-from mesh.worker.engine.late_interaction import key_lengths
-from mesh.worker.engine.lexical import LexicalHead, load_lexical_head
+from mesh.worker.engine.cpu import CpuRunner, keep_freed_memory
+from mesh.worker.engine.heads.colbert import load_multivector
+from mesh.worker.engine.heads.dense import load_classifier, load_dense
+from mesh.worker.engine.heads.late_interaction import key_lengths
+from mesh.worker.engine.heads.lexical import LexicalHead, load_lexical_head
+from mesh.worker.engine.heads.sparse import load_sparse_head
+from mesh.worker.engine.kernels import fused
+from mesh.worker.engine.kernels.attention import AttentionBackend, cpu_backend
 from mesh.worker.engine.loader import load_model
+from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.models.registry import spec_for_config
 from mesh.worker.engine.outputs import finalize
-from mesh.worker.engine.pooling import pool, positions
-from mesh.worker.engine.spans import span_means
-from mesh.worker.engine.sparse import SparseHead, load_sparse_head
+from mesh.worker.engine.runner import (
+    EngineBatch,
+    EngineOutputs,
+    OutputHeads,
+    RunnerInput,
+    check_spans,
+    checked_skip,
+    pair_types,
+)
 
 if TYPE_CHECKING:
     from mesh.worker.engine.gpu import GpuRunner
@@ -75,29 +86,23 @@ def default_max_batch_tokens(device_type: str, graph_max_tokens: int = GRAPH_MAX
 
 @dataclass
 class Engine:
-    """A loaded model, ready to embed packed batches. Not thread-safe: one caller at a time
-    (the worker's GPU loop)."""
+    """A loaded model, ready to run packed batches (:meth:`run`). Not thread-safe: one caller
+    at a time (the worker's GPU loop)."""
 
     card: ModelCard
-    model: torch.nn.Module
+    model: PackedEncoder
     device: torch.device
-    dtype: torch.dtype
     max_batch_tokens: int
-    attention: AttentionBackend
-    runner: GpuRunner | None = None
+    runner: CpuRunner | GpuRunner
     kernels: str = "torch"
-    # sentence-transformers Dense layers after pooling (fp32); None when the model has none.
-    dense: torch.nn.Module | None = None
     # A cross-encoder's token type 1 as an id shift (BertEncoder.fold_pair_types); 0: none.
     pair_shift: int = 0
-    # A sparse (SPLADE) model's head: ``embed`` then returns its vocabulary weights.
-    sparse: SparseHead | None = field(default=None, kw_only=True)
-    # bge-m3's sparse head (lexical.py): ``embed_lexical`` gives its weights beside ``embed``'s.
-    lexical: LexicalHead | None = field(default=None, kw_only=True)
-    # Width of the final hidden states: what a span row (embed_with_spans) holds.
+    # bge-m3's sparse head (lexical.py): run() gives its weights beside the pooled rows.
+    lexical: LexicalHead | None = None
+    # Width of the final hidden states: what a span row holds.
     hidden_size: int = 0
     # A multi-vector head (colbert.py): the linear that span rows "multivector" go through.
-    multivector: torch.nn.Module | None = field(default=None, kw_only=True)
+    multivector: torch.nn.Module | None = None
 
     @classmethod
     def load(
@@ -134,7 +139,7 @@ class Engine:
           Qwen3-0.6B 0.20 -> 0.39 M tok/s with it, but BERT-base 2.01 -> 1.72 and MiniLM
           6.1 -> 5.0 M tok/s, because inductor's dynamic-shape GELU and LayerNorm kernels
           ran slower than eager's;
-        - "fused": Triton kernels (:mod:`mesh.worker.engine.fused`: residual + norm, q/k
+        - "fused": Triton kernels (:mod:`mesh.worker.engine.kernels.fused`: residual + norm, q/k
           norm + RoPE, SiLU * up) and, for BERT, bias + GELU in the up projection's
           cuBLASLt epilogue, which is GELU's tanh approximation (within 4.7e-4 of HF's erf
           GELU; ``exact_gelu`` keeps erf, as TEI's tanh GELU is what it replaces). On the
@@ -163,46 +168,62 @@ class Engine:
         # Every family takes both; one without a compiled or fused path runs eager torch and
         # says so.
         kernels = model.use_kernels(kernels, exact_gelu=exact_gelu)
-        pair_shift = 0
-        if card.task == "score":  # a cross-encoder: its head from the checkpoint itself
-            prefixes = spec_for_config(read_config(model_dir)).prefixes
-            dense = load_classifier(model_dir, card.dense, prefixes, device)
-            fold = getattr(model, "fold_pair_types", None)
-            pair_shift = fold() if fold is not None else 0
-        else:
-            dense = load_dense(model_dir, card.dense, device)
-        if card.task == "sparse":  # eager on CUDA too: sparse.py says why
-            backend = attention or _eager_backend(model, card, device)
-            budget = max_batch_tokens or default_max_batch_tokens(device.type, graph_max_tokens)
-            head = load_sparse_head(model_dir, card, model, device)
-            return cls(card, model, device, model.dtype, budget, backend, kernels=kernels,
-                       sparse=head)  # fmt: skip
-        budget = max_batch_tokens or default_max_batch_tokens(device.type, graph_max_tokens)
-        hidden_size = int(read_config(model_dir)["hidden_size"])
+        output_heads = _load_output_heads(model_dir, card, model, device)
+        # A cross-encoder: fold its token type 1 into the word table (after its head loaded).
+        pair_shift = model.fold_pair_types() if card.task == "score" else 0
         lexical = None
         if card.lexical:
-            lexical = load_lexical_head(model_dir, int(model.vocab_size), hidden_size, device)
-        head = load_multivector(model_dir, card.multivector, device)
-        if device.type != "cuda" or attention is not None:
-            backend = attention or cpu_backend()
-            return cls(
-                card, model, device, model.dtype, budget, backend, kernels=kernels, dense=dense,
-                pair_shift=pair_shift, hidden_size=hidden_size, multivector=head, lexical=lexical,
-            )  # fmt: skip
-        from mesh.worker.engine.gpu import GpuRunner
+            lexical = load_lexical_head(model_dir, model.vocab_size, model.hidden, device)
+        runner: CpuRunner | GpuRunner
+        # A sparse model runs eagerly on CUDA too: sparse.py says why.
+        if device.type == "cuda" and attention is None and card.task != "sparse":
+            from mesh.worker.engine.gpu import GpuRunner
 
-        runner = GpuRunner(model, card, device, graph_max_tokens, graphs, dense=dense)
+            runner = GpuRunner(model, card, device, graph_max_tokens, graphs, output_heads)
+        else:
+            backend = attention or _eager_backend(model, card, device)
+            runner = CpuRunner(model, backend, output_heads, card.causal, device)
         return cls(
-            card, model, device, model.dtype, budget, runner.eager_attn, runner, kernels, dense,
-            pair_shift, hidden_size, multivector=head, lexical=lexical,
-        )  # fmt: skip
+            card,
+            model,
+            device,
+            max_batch_tokens or default_max_batch_tokens(device.type, graph_max_tokens),
+            runner,
+            kernels,
+            pair_shift,
+            lexical,
+            model.hidden,
+            load_multivector(model_dir, card.multivector, device),
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    @property
+    def has_lexical(self) -> bool:
+        return self.lexical is not None
 
     def warmup(self, buckets: list[int], spans: bool = False) -> None:
         """CUDA: capture the graphs of these token buckets now, with ``spans`` the graphs of
         batches holding spans too (no-op on CPU)."""
-        if self.runner is not None:
+        if self.gpu_runner is not None:
             with torch.inference_mode():
-                self.runner.warmup(buckets, spans=spans)
+                self.gpu_runner.warmup(buckets, spans=spans)
+
+    @property
+    def gpu_runner(self) -> GpuRunner | None:
+        """The CUDA runner (graphs, staging, its counters); None where batches run on the
+        CPU runner (the CPU, or CUDA for a model run eagerly)."""
+        return None if isinstance(self.runner, CpuRunner) else self.runner
+
+    def graph_summary(self) -> str | None:
+        """The CUDA runner's graph use so far, for the worker's log; None without one."""
+        return None if self.gpu_runner is None else self.gpu_runner.summary()
 
     def live_lane(self, max_tokens: int) -> Engine:
         """A sibling for the worker's live lane (:mod:`mesh.worker.live_lane`): the same
@@ -213,25 +234,79 @@ class Engine:
         (captured by :meth:`warmup`, never lazily: a capture would stall its thread), on a
         capture stream of its own, so that its graphs' cuBLAS workspace is not the bulk's:
         with one, the two streams' GEMMs deadlocked the H200 (``GpuRunner.capture_stream``)."""
-        if self.runner is None:
-            return replace(self, attention=_eager_backend(self.model, self.card, self.device))
+        if isinstance(self.runner, CpuRunner):
+            attention = _eager_backend(self.model, self.card, self.device)
+            return replace(self, runner=replace(self.runner, attention=attention))
         from mesh.worker.engine.gpu import GpuRunner
 
+        bulk = self.runner
         runner = GpuRunner(
-            self.model, self.card, self.device, max_tokens, self.runner.graphs_on, self.dense
+            self.model, self.card, self.device, max_tokens, bulk.graphs_on, bulk.output_heads
         )
         runner.lazy_capture = False
         # torch hands streams out of a pool of 32 in turn: should the lane's capture stream
         # come round to the bulk runner's, their graphs would share one cuBLAS workspace.
         for _ in range(32):
-            if runner.capture_stream is None or runner.capture_stream != self.runner.capture_stream:
+            if runner.capture_stream is None or runner.capture_stream != bulk.capture_stream:
                 break
             runner.capture_stream = torch.cuda.Stream(self.device)
-        return replace(self, runner=runner, attention=runner.eager_attn)
+        return replace(self, runner=runner)
 
-    @property
-    def vocab_size(self) -> int:
-        return int(self.model.vocab_size)
+    def run(self, batch: EngineBatch) -> EngineOutputs:
+        """The forward of one packed batch: every output kind the model has, from one pass
+        (see :class:`EngineBatch` and :class:`EngineOutputs`).
+
+        The batch comes validated by the broker (ids inside the vocabulary, sequences
+        non-empty and within ``card.max_input_tokens``, offsets rising from 0 to the ids'
+        length): the worker trusts it. What only this model can judge is checked here, with
+        ValueError: ``skip`` must leave a token of each sequence, ``pairs`` only for a
+        cross-encoder (``card.task == "score"``), with each split inside its sequence (type 1
+        then travels as the ids shifted by ``pair_shift``, so pairs run the same forward and
+        replay the same graphs), spans non-empty and inside one sequence each, ``lexical``
+        only for a model that has the weights. A batch over ``max_batch_tokens`` is accepted
+        (the budget is what we advertise, not a hard cap).
+        """
+        ids, offsets = batch.ids, batch.offsets
+        assert offsets[0] == 0 and offsets[-1] == ids.shape[0], "a batch the broker let by"
+        lengths = np.diff(offsets.astype(np.int64))
+        skip = checked_skip(batch.skip, lengths)
+        types = None
+        if batch.pairs is not None:
+            if self.card.task != "score":
+                raise ValueError(f"model {self.card.name!r} embeds texts; it takes no pairs")
+            types = pair_types(batch.pairs, offsets, lengths)
+        if types is not None and self.pair_shift:
+            ids = ids.astype(np.int64) + self.pair_shift * types
+        if batch.spans is not None:
+            check_spans(batch.spans, offsets, lengths)
+        if batch.lexical and self.lexical is None:
+            raise ValueError(f"model {self.card.name!r} has no lexical weights")
+        if lengths.shape[0] == 0:
+            return self._empty(batch)
+        colbert = self.card.colbert
+        keys = None  # a ColBERT query's expansion: tokens no one attends to
+        if colbert is not None and colbert.mask_expansion:
+            keys = key_lengths(ids, offsets, colbert.tokens)
+        job = RunnerInput(ids, offsets, skip, batch.spans, keys, keep_hidden=batch.lexical)
+        with torch.inference_mode():
+            out = self.runner.forward(job)
+            weights = None
+            if batch.lexical:
+                assert self.lexical is not None and out.hidden is not None
+                ids_t = torch.from_numpy(np.ascontiguousarray(batch.ids, dtype=np.int64))
+                cu = torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.int32))
+                weights = self.lexical(out.hidden, ids_t.to(self.device), cu.to(self.device))
+        return EngineOutputs(out.pooled, out.span_rows, weights)
+
+    def _empty(self, batch: EngineBatch) -> EngineOutputs:
+        def zeros(width: int) -> torch.Tensor:
+            return torch.zeros(0, width, dtype=torch.float32, device=self.device)
+
+        return EngineOutputs(
+            zeros(self.card.dims),
+            None if batch.spans is None else zeros(self.hidden_size),
+            None if not batch.lexical or self.lexical is None else zeros(self.lexical.vocab),
+        )
 
     def embed(
         self,
@@ -240,28 +315,8 @@ class Engine:
         skip: np.ndarray | None = None,
         pairs: np.ndarray | None = None,
     ) -> torch.Tensor:
-        """Embed ``n`` sequences packed as ``ids[offsets[i]:offsets[i + 1]]``.
-
-        ``ids``: int32 (or any integer) ``[total]``; ``offsets``: ``[n + 1]``, starting at 0,
-        ending at ``total``, non-decreasing. Returns pooled (then through the model's Dense
-        layers, if any), unnormalized ``float32 [n, D]`` on the engine's device. Raises
-        ValueError for malformed input, for ids outside the vocabulary, for a sequence longer
-        than ``card.max_input_tokens``, and for an empty sequence: a text always has at least
-        its special tokens, so an empty one is a bug upstream that must not come back as a
-        plausible zero vector. A batch over ``max_batch_tokens`` is accepted (the budget is
-        what we advertise, not a hard cap).
-
-        ``skip``: int ``[n]``, leading tokens of each sequence left out of the pooling (a
-        prompt the model's Pooling excludes, ``include_prompt: false``); each must be below
-        its sequence's length (ValueError). None or all zeros: every token is pooled.
-
-        ``pairs``: int ``[n]``, for a cross-encoder (``card.task == "score"``): where each
-        sequence's second text begins (token type 1 from there to its end), 0 for a single
-        text; ValueError for another model or a split outside its sequence. Type 1 travels
-        as the ids shifted by ``pair_shift`` (into the folded half of the word table), so a
-        batch of pairs runs the same forward, and on CUDA replays the same graphs.
-        """
-        return self._forward(ids, offsets, skip, pairs)[0]
+        """:meth:`run`'s pooled rows alone, ``float32 [n, D]`` (for scripts and tests)."""
+        return self.run(EngineBatch(ids, offsets, skip, pairs)).pooled
 
     def embed_with_spans(
         self,
@@ -271,44 +326,20 @@ class Engine:
         skip: np.ndarray | None = None,
         pairs: np.ndarray | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``embed``'s pooled ``float32 [n, D]`` and, from the same forward, ``float32 [S, H]``
-        span rows: row ``s`` is the mean of the final hidden states (before pooling and any
-        Dense layer) of packed tokens ``spans[s, 0]:spans[s, 1]`` (int ``[S, 2]``, positions
-        in the batch, each non-empty and inside one sequence, else ValueError). On CUDA such a
-        batch replays its bucket's span graph (:meth:`GpuRunner.embed_spans`)."""
-        lengths = self._validate(ids, offsets)
-        spans = np.asarray(spans)
-        if spans.ndim != 2 or spans.shape[1] != 2 or not np.issubdtype(spans.dtype, np.integer):
-            raise ValueError("spans must be integers [S, 2]")
-        if spans.size:
-            seq = np.searchsorted(offsets, spans[:, 0], side="right") - 1
-            ends = np.asarray(offsets)[np.clip(seq + 1, 0, len(lengths))]
-            if (
-                (spans[:, 0] < 0).any()
-                or (spans[:, 1] <= spans[:, 0]).any()
-                or (spans[:, 1] > ends).any()
-            ):
-                raise ValueError("a span must be non-empty and inside one sequence")
-        pooled, _, rows = self._forward(ids, offsets, skip, pairs, spans=spans)
-        assert rows is not None
-        return pooled, rows
+        """:meth:`run`'s pooled rows and span rows ``float32 [S, H]``."""
+        out = self.run(EngineBatch(ids, offsets, skip, pairs, spans))
+        assert out.span_rows is not None
+        return out.pooled, out.span_rows
 
     def embed_lexical(
         self, ids: np.ndarray, offsets: np.ndarray, skip: np.ndarray | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``embed``'s pooled ``float32 [n, D]`` and, from the same forward, bge-m3's lexical
-        weights ``float32 [n, vocab]`` (:mod:`.lexical`), for a model whose card says
-        ``lexical`` (ValueError for another). On CUDA such a batch runs eagerly: the graphs
+        """:meth:`run`'s pooled rows and bge-m3's lexical weights ``float32 [n, vocab]``
+        (ValueError for a model without them). On CUDA such a batch runs eagerly: the graphs
         keep no hidden states."""
-        if self.lexical is None:
-            raise ValueError(f"model {self.card.name!r} has no lexical weights")
-        pooled, hidden, _ = self._forward(ids, offsets, skip, None, keep_hidden=True)
-        with torch.inference_mode():
-            if hidden is None:  # an empty batch
-                return pooled, torch.zeros(0, self.lexical.vocab, device=self.device)
-            ids_t = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
-            cu = torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.int32)).to(self.device)
-            return pooled, self.lexical(hidden, ids_t, cu)
+        out = self.run(EngineBatch(ids, offsets, skip, lexical=True))
+        assert out.lexical is not None
+        return out.pooled, out.lexical
 
     def project_multivector(self, rows: torch.Tensor) -> torch.Tensor:
         """``float32 [S, H]`` span rows (one token's final hidden state each) through the
@@ -318,59 +349,6 @@ class Engine:
             raise ValueError(f"model {self.card.name!r} has no multi-vector head")
         with torch.inference_mode():
             return self.multivector(rows.float())
-
-    def _forward(
-        self,
-        ids: np.ndarray,
-        offsets: np.ndarray,
-        skip: np.ndarray | None,
-        pairs: np.ndarray | None,
-        keep_hidden: bool = False,
-        spans: np.ndarray | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Pooled vectors, the final hidden states ``[T, H]`` when ``keep_hidden`` (None for
-        an empty batch) and the span rows ``float32 [S, H]`` when ``spans`` are given."""
-        lengths = self._validate(ids, offsets)
-        skip = self._validate_skip(skip, lengths)
-        types = self._token_types(pairs, offsets, lengths)
-        if types is not None and self.pair_shift:
-            ids = ids.astype(np.int64) + self.pair_shift * types
-        n = lengths.shape[0]
-        if n == 0:
-            empty = torch.zeros(0, self.card.dims, dtype=torch.float32, device=self.device)
-            rows = None if spans is None else torch.zeros(0, self.hidden_size, device=self.device)
-            return empty, None, rows
-        colbert = self.card.colbert
-        keys = None  # a ColBERT query's expansion: tokens no one attends to
-        if colbert is not None and colbert.mask_expansion:
-            keys = key_lengths(ids, offsets, colbert.tokens)
-        if self.runner is not None:
-            with torch.inference_mode():
-                if spans is not None:  # the bucket's span graph once captured; eager with keys
-                    pooled, rows = self.runner.embed_spans(ids, offsets, spans, skip, keys)
-                    return pooled, None, rows
-                if keep_hidden or keys is not None:
-                    pooled, hidden = self.runner.embed_with_hidden(ids, offsets, skip, keys)
-                    return pooled, hidden if keep_hidden else None, None
-                return self.runner.embed(ids, offsets, skip), None, None
-        with torch.inference_mode():
-            ids_t = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
-            cu = torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.int32)).to(self.device)
-            skip_t = None if skip is None else torch.from_numpy(skip).to(self.device)
-            if keys is None:
-                self.attention.plan(cu, self.card.causal)
-            elif getattr(self.attention, "takes_keys", False):
-                self.attention.plan(cu, self.card.causal, keys=keys)  # type: ignore[call-arg]
-            else:
-                raise ValueError("this attention backend cannot leave a query's expansion out")
-            hidden = self.model(ids_t, positions(cu, ids_t.shape[0]), self.attention)
-            if self.sparse is not None:  # SPLADE weights [n, vocab]: no pooling, no Dense
-                pooled = self.sparse(hidden, cu)
-            else:
-                pooled = pool(hidden, cu, self.card.pooling, skip_t)
-            pooled = pooled if self.dense is None else self.dense(pooled)
-            rows = None if spans is None else span_means(hidden, spans)
-            return pooled, hidden if keep_hidden else None, rows
 
     def embed_final(
         self,
@@ -390,66 +368,27 @@ class Engine:
         with torch.inference_mode():
             return finalize(pooled, dims, normalize, kind, top_k, threshold)
 
-    def _validate(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        if ids.ndim != 1 or offsets.ndim != 1 or offsets.shape[0] < 1:
-            raise ValueError("ids must be [total] and offsets [n + 1]")
-        if not (np.issubdtype(ids.dtype, np.integer) and np.issubdtype(offsets.dtype, np.integer)):
-            raise ValueError("ids and offsets must be integer arrays")
-        if offsets[0] != 0 or offsets[-1] != ids.shape[0]:
-            raise ValueError(f"offsets must run from 0 to {ids.shape[0]}")
-        lengths = np.diff(offsets.astype(np.int64))
-        if lengths.size and lengths.min() <= 0:
-            raise ValueError("empty (or negative-length) sequence in batch")
-        if lengths.size and lengths.max() > self.card.max_input_tokens:
-            raise ValueError(f"sequence longer than {self.card.max_input_tokens} tokens")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            raise ValueError(f"token id outside the vocabulary [0, {self.vocab_size})")
-        return lengths
 
-    def _token_types(
-        self, pairs: np.ndarray | None, offsets: np.ndarray, lengths: np.ndarray
-    ) -> np.ndarray | None:
-        """int64 ``[total]`` token types of a batch holding pairs; None when it holds none."""
-        if pairs is None:
-            return None
-        pairs = np.asarray(pairs)
-        if pairs.shape != lengths.shape or not np.issubdtype(pairs.dtype, np.integer):
-            raise ValueError("pairs must be integers [n], one per sequence")
-        if self.card.task != "score":
-            raise ValueError(f"model {self.card.name!r} embeds texts; it takes no pairs")
-        if pairs.size and (pairs.min() < 0 or (pairs >= lengths).any()):
-            raise ValueError("a pair's second text must begin inside its sequence")
-        if not pairs.any():
-            return None
-        # +1 where a second text begins, -1 where its sequence ends: the running sum is the type.
-        step = np.zeros(int(offsets[-1]) + 1, dtype=np.int64)
-        split = np.flatnonzero(pairs)
-        np.add.at(step, offsets[split].astype(np.int64) + pairs[split], 1)
-        np.add.at(step, offsets[split + 1].astype(np.int64), -1)
-        return np.cumsum(step[:-1])
-
-    @staticmethod
-    def _validate_skip(skip: np.ndarray | None, lengths: np.ndarray) -> np.ndarray | None:
-        if skip is None:
-            return None
-        skip = np.asarray(skip)
-        if skip.shape != lengths.shape or not np.issubdtype(skip.dtype, np.integer):
-            raise ValueError("skip must be integers [n], one per sequence")
-        if skip.size and (skip.min() < 0 or (skip >= lengths).any()):
-            raise ValueError("skip must leave at least one token of each sequence")
-        return skip.astype(np.int64) if skip.any() else None
+def _load_output_heads(
+    model_dir: str | Path, card: ModelCard, model: PackedEncoder, device: torch.device
+) -> OutputHeads:
+    """What leaves the model: its pooling, its Dense layers (a cross-encoder's classifier,
+    from the checkpoint itself) or its SPLADE head."""
+    if card.task == "sparse":
+        return OutputHeads(card.pooling, sparse=load_sparse_head(model_dir, card, model, device))
+    if card.task == "score":
+        prefixes = spec_for_config(read_config(model_dir)).prefixes
+        return OutputHeads(card.pooling, load_classifier(model_dir, card.dense, prefixes, device))
+    return OutputHeads(card.pooling, load_dense(model_dir, card.dense, device))
 
 
-def _eager_backend(
-    model: torch.nn.Module, card: ModelCard, device: torch.device
-) -> AttentionBackend:
+def _eager_backend(model: PackedEncoder, card: ModelCard, device: torch.device) -> AttentionBackend:
     """The attention of a model run eagerly: SDPA on CPU, FlashInfer (or varlen) on CUDA."""
     if device.type != "cuda":
         return cpu_backend()
-    from mesh.worker.engine.flashinfer_attention import cuda_backend
-    from mesh.worker.engine.gpu import model_heads
+    from mesh.worker.engine.kernels.flashinfer_attention import cuda_backend
 
-    return cuda_backend(model_heads(model), model.dtype, device, card.max_input_tokens)
+    return cuda_backend(model.heads, model.dtype, device, card.max_input_tokens)
 
 
 def choose_kernels(

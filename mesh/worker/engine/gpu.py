@@ -37,24 +37,31 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
 from mesh.config import MAX_BATCH_TOKENS_GPU
-from mesh.worker.engine.attention import mask_free
-from mesh.worker.engine.attention_grouped import SdpaGrouped
 from mesh.worker.engine.card import ModelCard
-from mesh.worker.engine.flashinfer_attention import (
+from mesh.worker.engine.heads.pooling import PoolBuffers, fill_pool_indices, static_pool
+from mesh.worker.engine.heads.spans import SpanBuffers, fill_span_index, static_span_means
+from mesh.worker.engine.kernels.attention import AttentionBackend, mask_free
+from mesh.worker.engine.kernels.attention_grouped import SdpaGrouped
+from mesh.worker.engine.kernels.flashinfer_attention import (
     WORKSPACE_BYTES,
     FlashInferRagged,
     TorchVarlen,
     cuda_backend,
 )
-from mesh.worker.engine.flashinfer_windowed import windowed_backend
-from mesh.worker.engine.pooling import PoolBuffers, fill_pool_indices, pool, static_pool
-from mesh.worker.engine.spans import SpanBuffers, fill_span_index, span_means, static_span_means
+from mesh.worker.engine.kernels.flashinfer_windowed import windowed_backend
+from mesh.worker.engine.models.base import PackedEncoder
+from mesh.worker.engine.runner import (
+    DeviceBatch,
+    OutputHeads,
+    RunnerInput,
+    RunnerOutput,
+    eager_forward,
+)
 
 log = logging.getLogger("embedmesh.worker.gpu")
 
@@ -74,12 +81,6 @@ def bucket_sizes(graph_max_tokens: int) -> list[int]:
         sizes += [p * q // 4 for q in (4, 5, 6, 7)]
         p *= 2
     return [s for s in sizes if s <= graph_max_tokens]
-
-
-def model_heads(model: torch.nn.Module) -> tuple[int, int, int]:
-    """(query heads, key/value heads, head_dim) of a family's model (every one in
-    :mod:`mesh.worker.engine.models` has the three; encoders have as many of each)."""
-    return model.num_heads, model.num_kv_heads, model.head_dim
 
 
 class _Staging:
@@ -115,7 +116,7 @@ class _Staging:
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    attn: Any
+    attn: FlashInferRagged | TorchVarlen
     ids: torch.Tensor
     pos: torch.Tensor
     pool_in: PoolBuffers  # what static_pool reads besides the hidden states
@@ -132,22 +133,23 @@ class GpuRunner:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PackedEncoder,
         card: ModelCard,
         device: torch.device,
         graph_max_tokens: int = MAX_BATCH_TOKENS_GPU,  # engine.GRAPH_MAX_TOKENS
         graphs: bool = True,
-        dense: torch.nn.Module | None = None,
+        output_heads: OutputHeads | None = None,
     ) -> None:
         self.model = model
         self.card = card
-        self.dense = dense  # sentence-transformers Dense layers after pooling, fp32
+        # Pooling then any sentence-transformers Dense layers (fp32); no SPLADE head here.
+        self.output_heads = output_heads or OutputHeads(card.pooling)
         self.device = device
         # Streams, events and pinned buffers below belong to the current device.
         if device.index is not None:
             torch.cuda.set_device(device)
         self.dtype = model.dtype
-        self.heads = model_heads(model)
+        self.heads = model.heads
         # A batch whose attention needs a bias or a window (MPNet's always; ModernBERT's and
         # Gemma 3's with a sequence over mask_free_length) runs eagerly: its masks are planned
         # from lengths read on the host. MPNet's bias only grouped SDPA takes (SDPA per
@@ -156,8 +158,8 @@ class GpuRunner:
         # model's other batches take the fast backend and graphs, as BERT's: all on grouped
         # SDPA, ModernBERT-base and EmbeddingGemma-300m ran 0.08 and 0.03 M tok/s on the
         # H200, BERT-base 2.4 M.
-        self.masked = bool(getattr(model, "needs_masks", False))
-        self.mask_free_length: int | None = getattr(model, "mask_free_length", None)
+        self.masked = model.needs_masks
+        self.mask_free_length = model.mask_free_length
         fast = mask_free(1, self.masked, self.mask_free_length)  # False: every batch is masked
         self.graphs_on = graphs and fast
         self.buckets = bucket_sizes(graph_max_tokens) if self.graphs_on else []
@@ -173,7 +175,9 @@ class GpuRunner:
             if self.masked
             else None
         )
-        self.eager_attn: Any = self._fast_backend() if fast else self.masked_attn
+        self.eager_attn: AttentionBackend = (
+            self._fast_backend() if fast or self.masked_attn is None else self.masked_attn
+        )
         self.graphs: dict[int, _Graph] = {}
         self.failed: set[int] = set()  # buckets whose capture failed: they stay eager
         self.span_graphs: dict[int, _Graph] = {}  # the same, for batches holding spans
@@ -206,7 +210,7 @@ class GpuRunner:
         self, capacity: tuple[int, int] | None = None
     ) -> FlashInferRagged | TorchVarlen:
         """FlashInfer or varlen (``cuda_backend``), eager or for a graph of ``capacity``. For a
-        windowed model it is ``windows_covered``: ``_run`` plans it only with batches that
+        windowed model it is ``windows_covered``: ``forward`` plans it only with batches that
         :func:`mask_free` clears, and a graph is replayed only for those too."""
         backend = cuda_backend(
             self.heads,
@@ -225,110 +229,72 @@ class GpuRunner:
                 return b if sequences <= min(b, MAX_GRAPH_SEQUENCES) else None
         return None
 
-    def embed(
-        self, ids: np.ndarray, offsets: np.ndarray, skip: np.ndarray | None = None
-    ) -> torch.Tensor:
-        """Pooled ``float32 [n, D]`` on the device for a validated packed batch (``skip``:
-        int64 ``[n]`` leading tokens left out of the pooling, or None). A cross-encoder's pairs
-        come as shifted ids (``Engine.embed``): they replay the graphs as single texts do."""
-        return self._run(ids, offsets, skip)[0]
-
-    def embed_spans(
-        self,
-        ids: np.ndarray,
-        offsets: np.ndarray,
-        spans: np.ndarray,
-        skip: np.ndarray | None = None,
-        keys: np.ndarray | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``embed`` and, from the same forward, ``float32 [S, H]`` span rows
-        (:func:`.spans.span_means` of the final hidden states; ``spans``: int ``[S, 2]``
-        positions in the batch). Replays the bucket's span graph once it exists, when the
-        spans are in order and disjoint, as the wire's are; runs eagerly otherwise, and
-        always with ``keys`` (as :meth:`embed_with_hidden` takes them)."""
-        pooled, _, rows = self._run(ids, offsets, skip, spans=spans, keys=keys)
-        assert rows is not None
-        return pooled, rows
-
-    def embed_with_hidden(
-        self,
-        ids: np.ndarray,
-        offsets: np.ndarray,
-        skip: np.ndarray | None = None,
-        keys: np.ndarray | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``embed`` and the final hidden states ``[T, H]``, for a batch that needs them whole
-        (bge-m3's lexical weights). Always eager, never a graph: a graph's hidden states are an
-        intermediate inside its private memory pool, overwritten by the next replay.
-        ``keys``: int ``[n]`` leading tokens of each sequence that are attention keys (a
-        ColBERT query's expansion is none's), planned on the eager backend only."""
-        pooled, hidden, _ = self._run(ids, offsets, skip, keep_hidden=True, keys=keys)
-        assert hidden is not None
-        return pooled, hidden
-
-    def _run(
-        self,
-        ids: np.ndarray,
-        offsets: np.ndarray,
-        skip: np.ndarray | None,
-        keep_hidden: bool = False,
-        spans: np.ndarray | None = None,
-        keys: np.ndarray | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Pooled rows, the hidden states when ``keep_hidden``, the span rows when ``spans``."""
-        offsets = np.ascontiguousarray(offsets, dtype=np.int32)
+    def forward(self, batch: RunnerInput) -> RunnerOutput:
+        """Pooled rows (and, as asked, the hidden states or span rows) of a validated packed
+        batch. A batch replays its bucket's graph once it exists (with spans, the span graph,
+        when the spans are in order and disjoint, as the wire's are) unless it needs the
+        hidden states whole (a graph's are an intermediate in its private pool, overwritten
+        by the next replay) or ``keys`` (planned on the eager backend only). A
+        cross-encoder's pairs come as shifted ids: they replay the graphs as texts do."""
+        offsets = np.ascontiguousarray(batch.offsets, dtype=np.int32)
         lengths = np.diff(offsets)
         n, total = len(lengths), int(offsets[-1])
         seg = np.repeat(np.arange(n, dtype=np.int64), lengths)
         pos = np.arange(total, dtype=np.int64) - offsets[:-1].astype(np.int64)[seg]
         stage = self.staging[self._turn]
         self._turn = (self._turn + 1) % len(self.staging)
-        ids_h, pos_h, cu_h = stage.fill(ids, pos, offsets)
+        ids_h, pos_h, cu_h = stage.fill(batch.ids, pos, offsets)
         fast = mask_free(int(lengths.max(initial=0)), self.masked, self.mask_free_length)
         # A masked batch neither replays a graph nor has one captured for its bucket.
         bucket = self.bucket_for(total, n) if fast else None
+        spans, keys = batch.spans, batch.keys
         family = self.graphs if spans is None else self.span_graphs
-        eager_only = keep_hidden or keys is not None
+        eager_only = batch.keep_hidden or keys is not None
         graph = family.get(bucket) if bucket is not None and not eager_only else None
         if graph is not None and (spans is None or self._stage_spans(stage, graph, spans)):
             self.graph_batches += 1
             graph.ids[:total].copy_(ids_h, non_blocking=True)
             graph.pos[:total].copy_(pos_h, non_blocking=True)
-            self._stage_pooling(stage, graph, seg, offsets, lengths, skip)
+            self._stage_pooling(stage, graph, seg, offsets, lengths, batch.skip)
             graph.attn.plan(cu_h, self.card.causal)
             stage.copied.record()  # after plan: it may copy from cu_h too
             graph.graph.replay()
             # Copies: the next replay rewrites the static outputs.
             pooled = graph.pooled[:n].clone()
             if spans is None:
-                return pooled, None, None
+                return RunnerOutput(pooled)
             assert graph.span_rows is not None  # a graph of the span family
-            return pooled, None, graph.span_rows[: spans.shape[0]].clone()
+            return RunnerOutput(pooled, None, graph.span_rows[: spans.shape[0]].clone())
         self.eager_batches += 1
-        # keys (a ColBERT query's expansion) only grouped SDPA takes beside a window.
-        windowed = not fast and self.windowed_attn is not None and keys is None
+        # keys (a ColBERT query's expansion): the windowed backend only if it takes them.
+        windowed = (
+            not fast
+            and self.windowed_attn is not None
+            and (keys is None or self.windowed_attn.takes_keys)
+        )
         attn = self.eager_attn if fast else self.windowed_attn if windowed else self.masked_attn
+        assert attn is not None  # a masked batch: the model needs masks, so it has masked_attn
         self.masked_batches += not fast
         self.windowed_batches += windowed
-        ids_d = ids_h.to(self.device, non_blocking=True)
-        pos_d = pos_h.to(self.device, non_blocking=True)
-        cu_d = cu_h.to(self.device, non_blocking=True)
-        if keys is None:
-            attn.plan(cu_h, self.card.causal)
-        else:
-            attn.plan(cu_h, self.card.causal, keys=keys)
-        stage.copied.record()
-        hidden = self.model(ids_d, pos_d, attn)
-        # Rare (include_prompt: false models only): a small pageable copy is fine here.
-        skip_d = None if skip is None else torch.from_numpy(skip).to(self.device)
-        pooled = pool(hidden, cu_d, self.card.pooling, skip_d)
-        if self.dense is not None:
-            pooled = self.dense(pooled)
-        rows = None if spans is None else span_means(hidden, spans)
+        on_device = DeviceBatch(
+            ids_h.to(self.device, non_blocking=True),
+            pos_h.to(self.device, non_blocking=True),
+            cu_h.to(self.device, non_blocking=True),
+            cu_h,
+        )
+        out = eager_forward(
+            self.model,
+            attn,
+            self.output_heads,
+            self.card.causal,
+            on_device,
+            batch,
+            stage.copied.record,
+        )
         lazy = self.lazy_capture and keys is None
         if bucket is not None and bucket not in family and lazy and self._budget_left():
             self._try_capture(bucket, spans=spans is not None)
-        return pooled, hidden if keep_hidden else None, rows
+        return out
 
     def _stage_pooling(
         self,
@@ -395,7 +361,7 @@ class GpuRunner:
         started = time.perf_counter()
         seqs = min(rows, MAX_GRAPH_SEQUENCES)
         # Planned below with one sequence of every row, longer than a window may be: the
-        # captured kernels do not depend on the lengths (replays re-plan), and _run replays
+        # captured kernels do not depend on the lengths (replays re-plan), and forward replays
         # the graph only for batches mask_free clears.
         attn = self._fast_backend(capacity=(seqs, rows))
         ids = torch.zeros(rows, dtype=torch.int64, device=self.device)
@@ -444,7 +410,8 @@ class GpuRunner:
         slots carry garbage through the Dense layers: only the first n rows are read); and in
         the span family, the span rows."""
         pooled = static_pool(hidden, pool_in, self.card.pooling, slots)
-        pooled = pooled if self.dense is None else self.dense(pooled)
+        dense = self.output_heads.dense
+        pooled = pooled if dense is None else dense(pooled)
         return pooled, None if span_in is None else static_span_means(hidden, span_in)
 
     def summary(self) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from mesh.worker.engine.card import ModelCard, read_config
+from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.models.registry import model_class, spec_for_config
 from mesh.worker.engine.weights import WeightSource
 
@@ -28,7 +29,7 @@ def load_model(
     card: ModelCard,
     dtype: torch.dtype | None = None,
     device: torch.device | str = "cpu",
-) -> torch.nn.Module:
+) -> PackedEncoder:
     """Build the family's module for ``model_dir`` with its weights, in eval mode.
 
     Every family module takes ``(config, source, dtype, device, causal)`` and refuses, with

@@ -7,7 +7,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from mesh.worker.engine.sparse import sparse_rows
+from mesh.worker.engine.heads.sparse import sparse_rows
 
 OutputKind = Literal["float32", "float16", "int8", "binary", "sparse"]
 OUTPUT_KINDS: tuple[str, ...] = ("float32", "float16", "int8", "binary", "sparse")

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from mesh.worker.engine.colbert import M3_HEAD as M3_COLBERT_HEAD
-from mesh.worker.engine.lexical import HEAD_FILE as LEXICAL_HEAD_FILE
+from mesh.worker.engine.heads.colbert import M3_HEAD as M3_COLBERT_HEAD
+from mesh.worker.engine.heads.lexical import HEAD_FILE as LEXICAL_HEAD_FILE
 
 # FlagEmbedding's heads beside a bge-m3 backbone (converted by ``convert_m3``): read by
 # ``lexical.py`` and ``colbert.py`` on their own, never part of the backbone's weights. Both hold

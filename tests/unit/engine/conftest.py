@@ -15,8 +15,8 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 import pytest
 from tokenizers import Tokenizer
 
-from mesh.worker.engine import fused
 from mesh.worker.engine.card import default_model_path
+from mesh.worker.engine.kernels import fused
 
 
 @pytest.fixture(scope="session")

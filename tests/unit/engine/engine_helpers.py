@@ -10,7 +10,8 @@ import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
-from mesh.worker.engine.attention import SdpaPerSequence
+from mesh.worker.engine.kernels.attention import SdpaPerSequence
+from mesh.worker.engine.models.base import PackedEncoder
 
 CORPUS = Path(__file__).resolve().parents[3] / "data" / "corpus.jsonl"
 
@@ -123,9 +124,21 @@ def assert_matches_reference(ours: torch.Tensor, ref: torch.Tensor) -> None:
 
 class MaskFreeSdpa(SdpaPerSequence):
     """The CPU backend seen as CUDA's mask-free one (FlashInfer) is by a windowed model's
-    covered batches: it takes no bias or window, and ``windows_covered`` tells ``attend`` to
+    covered batches: it takes no bias or window, and ``windows_covered`` tells ``run`` to
     drop the window (``gpu.GpuRunner`` sets it on the backends it plans only with batches
     ``attention.mask_free`` clears)."""
 
-    takes_masks = False
+    takes_bias = False
+    takes_window = False
     windows_covered = True
+
+
+def bare_model(cls: type[PackedEncoder], windows: tuple[int | None, ...] = ()) -> PackedEncoder:
+    """An instance of a family's class with only the model base's part built (its shape
+    from a tiny config and these per-layer ``windows``, no weights): what the runners read."""
+    config = {"hidden_size": 64, "num_attention_heads": 1, "vocab_size": 8}
+    model = cls.__new__(cls)
+    torch.nn.Module.__init__(model)
+    model.read_shape(config | {"num_hidden_layers": len(windows)}, torch.float32, False)
+    model.windows = windows
+    return model

@@ -3,12 +3,13 @@ masked attention over the packed batch."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from mesh.worker.engine.attention import SdpaPerSequence
-from mesh.worker.engine.attention_grouped import SdpaGrouped
-from mesh.worker.engine.pooling import pool, positions, segment_ids
+from mesh.worker.engine.heads.pooling import pool, positions, segment_ids
+from mesh.worker.engine.kernels.attention import SdpaPerSequence
+from mesh.worker.engine.kernels.attention_grouped import SdpaGrouped
 
 LENGTHS = [1, 5, 17, 2, 64, 3, 33, 1, 100]
 
@@ -87,3 +88,39 @@ def test_the_per_sequence_backend_adds_a_relative_bias_and_limits_a_window(
     scores = scores.masked_fill(~allowed, float("-inf"))
     ref = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
     torch.testing.assert_close(ours, ref)
+
+
+def test_every_backend_states_what_it_honours() -> None:
+    from mesh.worker.engine.kernels import flashinfer_attention, flashinfer_windowed
+    from mesh.worker.engine.kernels.attention import DECLARATIONS, AttentionBackend
+
+    backends = [
+        SdpaPerSequence,
+        SdpaGrouped,
+        flashinfer_attention.FlashInferRagged,
+        flashinfer_attention.TorchVarlen,
+        flashinfer_windowed.FlashInferWindowed,
+    ]
+    for backend in backends:
+        assert issubclass(backend, AttentionBackend)
+        assert all(isinstance(getattr(backend, d), bool) for d in DECLARATIONS), backend
+    with pytest.raises(TypeError, match="does not declare"):
+
+        class Undeclared(AttentionBackend):  # keys stated, bias and window not
+            takes_keys = True
+
+
+def test_a_backend_refuses_what_it_does_not_take_by_name() -> None:
+    class KeysOnly(SdpaPerSequence):
+        takes_keys, takes_bias, takes_window = False, False, False
+
+    attn = KeysOnly()
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="KeysOnly takes no keys="):
+        attn.plan(cu, False, keys=np.array([2]))
+    attn.plan(cu, False)
+    q = torch.randn(4, 2, 8)
+    with pytest.raises(ValueError, match="KeysOnly takes no attention bias"):
+        attn.run(q, q, q, bias=torch.zeros(2, 4, 4))
+    with pytest.raises(ValueError, match="KeysOnly takes no attention window"):
+        attn.run(q, q, q, window=1)

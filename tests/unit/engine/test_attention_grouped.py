@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from mesh.worker.engine.attention import SdpaPerSequence
-from mesh.worker.engine.attention_grouped import NO_CUDNN, SdpaGrouped
+from mesh.worker.engine.kernels.attention import SdpaPerSequence
+from mesh.worker.engine.kernels.attention_grouped import NO_CUDNN, SdpaGrouped
 
 LENGTHS = [1, 3, 7, 8, 16, 17, 40, 41, 5, 64, 2, 33]
 

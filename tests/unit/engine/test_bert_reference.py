@@ -1,13 +1,15 @@
-"""Our BERT encoder equals Hugging Face BertModel, with mean and CLS pooling."""
+"""Our BERT encoder loads what BertModel's checkpoints come as: a masked-LM checkpoint with
+the ``bert.`` prefix, half-precision weights (the family table checks the pooled output)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import family_table
 import pytest
 import torch
-from engine_helpers import cosines, pack, random_seqs, randomize, write_word_tokenizer
+from engine_helpers import pack, random_seqs, write_word_tokenizer
 from safetensors import safe_open
 
 from mesh.worker.engine.engine import Engine
@@ -18,23 +20,9 @@ VOCAB = 500
 LENGTHS = [1, 5, 2, 77, 16, 120, 9]
 
 
-def _tiny_config() -> transformers.BertConfig:
-    return transformers.BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=48,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=128,
-    )
-
-
 @pytest.fixture(scope="module")
 def hf_model() -> transformers.BertModel:
-    torch.manual_seed(0)
-    model = transformers.BertModel(_tiny_config()).eval()
-    randomize(model, seed=11)
-    return model
+    return family_table.hf_model(family_table.BERT)
 
 
 def _save(model: torch.nn.Module, path: Path, pooling: str) -> Path:
@@ -51,20 +39,8 @@ def _hf_hidden(model: transformers.BertModel, seq: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([seq])).last_hidden_state[0]
 
 
-@pytest.mark.parametrize("pooling", ["mean", "cls"])
-def test_pooled_output_matches_transformers(hf_model, tmp_path: Path, pooling: str) -> None:
-    engine = Engine.load(_save(hf_model, tmp_path / pooling, pooling))
-    assert engine.card.pooling == pooling and engine.card.max_input_tokens == 128
-    seqs = random_seqs(VOCAB, LENGTHS, seed=12)
-    ours = engine.embed(*pack(seqs))
-    hidden = [_hf_hidden(hf_model, s) for s in seqs]
-    ref = torch.stack([h.mean(0) if pooling == "mean" else h[0] for h in hidden])
-    assert cosines(ours, ref).min() >= 0.9999
-    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
-
-
 def test_a_masked_lm_checkpoint_with_the_bert_prefix_loads(hf_model, tmp_path: Path) -> None:
-    mlm = transformers.BertForMaskedLM(_tiny_config()).eval()
+    mlm = transformers.BertForMaskedLM(family_table.config(family_table.BERT)).eval()
     mlm.bert.load_state_dict(hf_model.state_dict(), strict=False)
     engine = Engine.load(_save(mlm, tmp_path / "mlm", "mean"))
     seqs = random_seqs(VOCAB, LENGTHS, seed=13)
@@ -75,7 +51,7 @@ def test_a_masked_lm_checkpoint_with_the_bert_prefix_loads(hf_model, tmp_path: P
 @pytest.mark.parametrize("stored", [torch.float16, torch.bfloat16])
 def test_a_half_precision_checkpoint_loads_into_float32(hf_model, tmp_path: Path, stored) -> None:
     # The reference is the same model with its weights rounded to the stored dtype, in fp32.
-    rounded = transformers.BertModel(_tiny_config()).eval()
+    rounded = transformers.BertModel(family_table.config(family_table.BERT)).eval()
     rounded.load_state_dict({k: v.to(stored).float() for k, v in hf_model.state_dict().items()})
     path = _save(rounded.to(stored), tmp_path / "half", "mean")
     with safe_open(str(path / "model.safetensors"), "pt") as f:

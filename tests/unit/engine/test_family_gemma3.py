@@ -1,11 +1,13 @@
-"""Our Gemma 3 embedder equals transformers' Gemma3TextModel in fp32: bidirectional as
-EmbeddingGemma (mean pooled, the local layers' window either side) and causal (last token),
-sandwich norms, q/k norms, query_pre_attn_scalar, a theta per layer kind; refusals by name."""
+"""Our Gemma 3 embedder beyond the family table's comparison with Gemma3TextModel
+(``test_families.py``: bidirectional as EmbeddingGemma, causal): the window and the
+query_pre_attn_scalar must matter, a batch no window cuts runs mask-free and still matches, a
+causal-LM checkpoint loads, refusals by name."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import family_table
 import pytest
 import torch
 from engine_helpers import (
@@ -13,12 +15,10 @@ from engine_helpers import (
     assert_matches_reference,
     pack,
     random_seqs,
-    randomize,
     reference_pooled,
     save_model_dir,
 )
 
-from mesh.worker.engine.card import read_card
 from mesh.worker.engine.engine import Engine
 
 transformers = pytest.importorskip("transformers")
@@ -29,45 +29,17 @@ LENGTHS = [1, 5, 2, 77, 9, 17, 120, 33]
 
 
 def _model(seed: int, bidirectional: bool) -> transformers.Gemma3TextModel:
-    config = transformers.Gemma3TextConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        query_pre_attn_scalar=24,  # not head_dim: the scores' scale is the config's
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        sliding_window=WINDOW,
-        max_position_embeddings=256,
-        use_bidirectional_attention=bidirectional,
-        pad_token_id=0,
-        attn_implementation="eager",
-    )
-    torch.manual_seed(0)
-    model = transformers.Gemma3TextModel(config).eval()
-    randomize(model, seed=seed)
-    return model
+    row = family_table.EMBEDDING_GEMMA if bidirectional else family_table.CAUSAL_GEMMA
+    return family_table.build(row, seed)
 
 
 @pytest.fixture(scope="module")
 def embedding_gemma() -> transformers.Gemma3TextModel:
-    return _model(seed=91, bidirectional=True)
-
-
-def test_bidirectional_mean_pooling_matches_transformers(embedding_gemma, tmp_path) -> None:
-    engine = Engine.load(save_model_dir(embedding_gemma, tmp_path / "m", VOCAB, "mean"))
-    card = engine.card
-    assert (card.family, card.causal, card.pooling) == ("gemma3", False, "mean")
-    assert [layer.window for layer in engine.model.layers] == [8, None, 8]
-    seqs = random_seqs(VOCAB, LENGTHS, seed=92)
-    ref = reference_pooled(embedding_gemma, seqs, "mean")
-    assert_matches_reference(engine.embed(*pack(seqs)), ref)
+    return family_table.hf_model(family_table.EMBEDDING_GEMMA)
 
 
 def test_the_window_and_the_query_scale_matter(embedding_gemma, tmp_path: Path) -> None:
-    # Without either the output moves: the comparison above really checks both.
+    # Without either the output moves: the family table's comparison really checks both.
     engine = Engine.load(save_model_dir(embedding_gemma, tmp_path / "w", VOCAB, "mean"))
     seqs = random_seqs(VOCAB, [60], seed=96)
     ours = engine.embed(*pack(seqs))
@@ -78,16 +50,6 @@ def test_the_window_and_the_query_scale_matter(embedding_gemma, tmp_path: Path) 
     for layer in engine.model.layers:
         layer.q_scale = 1.0
     assert (engine.embed(*pack(seqs)) - ours).abs().max() > 1e-3
-
-
-def test_causal_last_token_pooling_matches_transformers(tmp_path: Path) -> None:
-    hf = _model(seed=93, bidirectional=False)
-    path = save_model_dir(hf, tmp_path / "c", VOCAB)
-    assert (read_card(path).causal, read_card(path).pooling) == (True, "last")
-    engine = Engine.load(path)
-    assert [layer.window for layer in engine.model.layers] == [WINDOW - 1, None, WINDOW - 1]
-    seqs = random_seqs(VOCAB, LENGTHS, seed=94)
-    assert_matches_reference(engine.embed(*pack(seqs)), reference_pooled(hf, seqs, "last"))
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,14 @@
-"""Our ModernBERT encoder equals transformers in fp32: rotary positions with a theta per
-layer kind, local layers' sliding window (sequences longer than it), GeGLU, the first
-layer without an attention norm; older Hub configs read the same; refusals by name."""
+"""Our ModernBERT encoder beyond the family table's comparison (``test_families.py``: rotary
+positions with a theta per layer kind, local windows, GeGLU, the first layer without an
+attention norm): the window must matter, a batch no window cuts runs mask-free and still
+matches, biases everywhere, older Hub configs, a masked-LM checkpoint; refusals by name."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import family_table
 import pytest
 import torch
 from engine_helpers import (
@@ -14,7 +16,6 @@ from engine_helpers import (
     assert_matches_reference,
     pack,
     random_seqs,
-    randomize,
     reference_pooled,
     save_model_dir,
 )
@@ -29,47 +30,20 @@ LENGTHS = [1, 5, 2, 77, 9, 16, 120, 17]
 
 
 def _config(**kw) -> transformers.ModernBertConfig:  # noqa: ANN003
-    base = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=4,  # global, local, local, global
-        num_attention_heads=4,
-        max_position_embeddings=256,
-        local_attention=LOCAL,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        cls_token_id=1,
-        sep_token_id=2,
-        attn_implementation="eager",
-    )
-    return transformers.ModernBertConfig(**(base | kw))
+    return family_table.config(family_table.MODERNBERT, **kw)
 
 
 def _model(seed: int, **kw) -> transformers.ModernBertModel:  # noqa: ANN003
-    torch.manual_seed(0)
-    model = transformers.ModernBertModel(_config(**kw)).eval()
-    randomize(model, seed=seed)
-    return model
+    return family_table.build(family_table.MODERNBERT, seed, **kw)
 
 
 @pytest.fixture(scope="module")
 def hf_model() -> transformers.ModernBertModel:
-    return _model(seed=71)
-
-
-@pytest.mark.parametrize("pooling", ["mean", "cls"])
-def test_pooled_output_matches_transformers(hf_model, tmp_path: Path, pooling: str) -> None:
-    engine = Engine.load(save_model_dir(hf_model, tmp_path / pooling, VOCAB, pooling))
-    assert (engine.card.family, engine.card.max_input_tokens) == ("modernbert", 256)
-    assert [layer.window for layer in engine.model.layers] == [None, 8, 8, None]
-    seqs = random_seqs(VOCAB, LENGTHS, seed=72)
-    assert_matches_reference(engine.embed(*pack(seqs)), reference_pooled(hf_model, seqs, pooling))
+    return family_table.hf_model(family_table.MODERNBERT)
 
 
 def test_the_window_matters(hf_model, tmp_path: Path) -> None:
-    # Without it the output moves: the comparison above really checks the local layers.
+    # Without it the output moves: the family table's comparison really checks the local layers.
     engine = Engine.load(save_model_dir(hf_model, tmp_path / "w", VOCAB, "mean"))
     seqs = random_seqs(VOCAB, [60], seed=77)
     windowed = engine.embed(*pack(seqs))

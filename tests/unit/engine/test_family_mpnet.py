@@ -1,17 +1,17 @@
-"""Our MPNet encoder equals transformers in fp32: relative position buckets (near and far
-beyond the 128 of the largest bucket), positions after the pad id, a masked-LM checkpoint."""
+"""Our MPNet encoder beyond the family table's comparison (``test_families.py``: relative
+position buckets near and far beyond 128, positions after the pad id): the bias must matter,
+a masked-LM checkpoint loads; refusals by name."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import family_table
 import pytest
-import torch
 from engine_helpers import (
     assert_matches_reference,
     pack,
     random_seqs,
-    randomize,
     reference_pooled,
     save_model_dir,
 )
@@ -26,22 +26,12 @@ LENGTHS = [1, 5, 2, 200, 16, 9, 298]
 
 
 def _config() -> transformers.MPNetConfig:
-    return transformers.MPNetConfig(
-        vocab_size=VOCAB,
-        hidden_size=48,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=300,
-    )
+    return family_table.config(family_table.MPNET)
 
 
 @pytest.fixture(scope="module")
 def hf_model() -> transformers.MPNetModel:
-    torch.manual_seed(0)
-    model = transformers.MPNetModel(_config()).eval()
-    randomize(model, seed=41)
-    return model
+    return family_table.hf_model(family_table.MPNET)
 
 
 def _seqs(seed: int) -> list[list[int]]:
@@ -50,17 +40,8 @@ def _seqs(seed: int) -> list[list[int]]:
     return seqs
 
 
-@pytest.mark.parametrize("pooling", ["mean", "cls"])
-def test_pooled_output_matches_transformers(hf_model, tmp_path: Path, pooling: str) -> None:
-    engine = Engine.load(save_model_dir(hf_model, tmp_path / pooling, VOCAB, pooling))
-    assert (engine.card.family, engine.card.max_input_tokens) == ("mpnet", 298)
-    assert engine.model.needs_masks
-    seqs = _seqs(seed=42)
-    assert_matches_reference(engine.embed(*pack(seqs)), reference_pooled(hf_model, seqs, pooling))
-
-
 def test_the_relative_bias_matters(hf_model, tmp_path: Path) -> None:
-    # Without it the output moves: the comparison above really checks the buckets.
+    # Without it the output moves: the family table's comparison really checks the buckets.
     engine = Engine.load(save_model_dir(hf_model, tmp_path / "m", VOCAB, "mean"))
     seqs = random_seqs(VOCAB, [40], seed=43)
     with_bias = engine.embed(*pack(seqs))

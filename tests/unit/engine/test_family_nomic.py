@@ -1,15 +1,16 @@
-"""Our NomicBERT / new GTE encoder equals transformers' NomicBertModel and GteModel in fp32:
-in the Hub's remote-code weight layouts (which save_pretrained writes and transformers
-converts back on load: nomic-embed-text's Wqkv/fc11/fc12, gte-v1.5's NewModel), in
-transformers' own (a state dict saved as is), with the Hub's config names (n_embd, ...,
-model_type "new"); refusals by name. And the fused CUDA path (Triton kernels in the
-interpreter) equal to the eager one."""
+"""Our NomicBERT / new GTE encoder (compared with NomicBertModel and GteModel in
+``test_families.py``) loads the Hub's remote-code weight layouts (which save_pretrained
+writes and transformers converts back on load: nomic-embed-text's Wqkv/fc11/fc12, gte-v1.5's
+NewModel), transformers' own (a state dict saved as is) and the Hub's config names (n_embd,
+..., model_type "new") to the same vectors; refusals by name. And the fused CUDA path
+(Triton kernels in the interpreter) equal to the eager one."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import family_table
 import pytest
 import torch
 from engine_helpers import (
@@ -17,7 +18,6 @@ from engine_helpers import (
     cosines,
     pack,
     random_seqs,
-    randomize,
     reference_pooled,
     save_model_dir,
 )
@@ -30,44 +30,21 @@ transformers = pytest.importorskip("transformers")
 
 VOCAB = 300
 LENGTHS = [1, 5, 2, 77, 16, 120, 9]
-SMALL = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    max_position_embeddings=256,
-    pad_token_id=0,
-)
 
 
 def _model(kind: str, seed: int, **kw) -> torch.nn.Module:  # noqa: ANN003
-    config = getattr(transformers, f"{kind}Config")(**(SMALL | kw))
-    torch.manual_seed(0)
-    model = getattr(transformers, f"{kind}Model")(config).eval()
-    randomize(model, seed=seed)
-    return model
+    small = family_table.Model(f"{kind}Model", f"{kind}Config", family_table.NOMIC_SMALL, seed)
+    return family_table.build(small, **kw)
 
 
 @pytest.fixture
 def nomic() -> torch.nn.Module:
-    return _model(
-        "NomicBert", seed=81, rope_parameters={"rope_type": "default", "rope_theta": 1000.0}
-    )
+    return family_table.build(family_table.NOMIC)
 
 
 @pytest.fixture
 def gte() -> torch.nn.Module:
-    return _model("Gte", seed=82, type_vocab_size=1, hidden_act="gelu")
-
-
-@pytest.mark.parametrize("kind", ["nomic", "gte"])
-def test_pooled_output_matches_transformers(request, tmp_path: Path, kind: str) -> None:
-    model = request.getfixturevalue(kind)
-    engine = Engine.load(save_model_dir(model, tmp_path / kind, VOCAB, "mean"))
-    assert (engine.card.family, engine.card.max_input_tokens) == ("nomic", 256)
-    seqs = random_seqs(VOCAB, LENGTHS, seed=83)
-    assert_matches_reference(engine.embed(*pack(seqs)), reference_pooled(model, seqs, "mean"))
+    return family_table.build(family_table.GTE)
 
 
 def test_the_transformers_layout_of_nomic_loads_the_same(nomic, tmp_path: Path) -> None:

@@ -1,17 +1,17 @@
-"""Our Qwen2 embedder (q/k/v biases, no q/k norm) equals transformers in fp32, causal with
-last-token pooling and bidirectional with mean pooling, and refuses what it does not run."""
+"""Our Qwen2 embedder (q/k/v biases, no q/k norm) beyond the family table's comparison
+(``test_families.py``: causal last-token and bidirectional mean pooling): the table's model
+has the biases, a causal-LM checkpoint loads without a pooling config; refusals by name."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import family_table
 import pytest
-import torch
 from engine_helpers import (
     assert_matches_reference,
     pack,
     random_seqs,
-    randomize,
     reference_pooled,
     save_model_dir,
 )
@@ -26,48 +26,17 @@ LENGTHS = [1, 2, 7, 19, 64, 3, 130, 33]
 
 
 def _config() -> transformers.Qwen2Config:
-    return transformers.Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_theta=1000.0,
-        max_position_embeddings=512,
-        attn_implementation="eager",
-    )
+    return family_table.config(family_table.QWEN2)
 
 
 @pytest.fixture(scope="module")
 def hf_model() -> transformers.Qwen2Model:
-    torch.manual_seed(0)
-    model = transformers.Qwen2Model(_config()).eval()
-    randomize(model, seed=51)
-    return model
+    return family_table.hf_model(family_table.QWEN2)
 
 
-def test_causal_last_token_pooling_matches_transformers(hf_model, tmp_path: Path) -> None:
-    assert hf_model.layers[0].self_attn.q_proj.bias is not None  # the biases are exercised
-    engine = Engine.load(save_model_dir(hf_model, tmp_path / "c", VOCAB, "last"))
-    assert (engine.card.family, engine.card.causal, engine.card.pooling) == ("qwen2", True, "last")
-    seqs = random_seqs(VOCAB, LENGTHS, seed=52)
-    assert_matches_reference(engine.embed(*pack(seqs)), reference_pooled(hf_model, seqs, "last"))
-
-
-def test_bidirectional_mean_pooling_matches_transformers(hf_model, tmp_path: Path) -> None:
-    path = save_model_dir(hf_model, tmp_path / "b", VOCAB, config_changes={"is_causal": False})
-    engine = Engine.load(path)
-    assert (engine.card.causal, engine.card.pooling) == (False, "mean")
-    seqs = random_seqs(VOCAB, LENGTHS, seed=53)
-    ref = []
-    for seq in seqs:
-        # A mask mapping is used as given: zeros let every token see every other one.
-        zeros = torch.zeros(1, 1, len(seq), len(seq))
-        ref.append(
-            reference_pooled(hf_model, [seq], "mean", attention_mask={"full_attention": zeros})
-        )
-    assert_matches_reference(engine.embed(*pack(seqs)), torch.cat(ref))
+def test_the_family_tables_qwen2_exercises_the_qkv_biases(hf_model) -> None:
+    # The table's comparison (test_families.py) checks them only if the model has them.
+    assert hf_model.layers[0].self_attn.q_proj.bias is not None
 
 
 def test_a_causal_lm_checkpoint_loads_without_a_pooling_config(hf_model, tmp_path: Path) -> None:

@@ -1,10 +1,12 @@
-"""Our XLM-RoBERTa / RoBERTa encoder equals transformers in fp32, positions after the pad id
-included, and refuses what it does not implement."""
+"""Our XLM-RoBERTa / RoBERTa encoder beyond the family table's comparison
+(``test_families.py``, positions after the pad id included): a full-length input, RoBERTa and
+masked-LM checkpoints; refusals by name."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import family_table
 import pytest
 import torch
 from engine_helpers import (
@@ -28,17 +30,7 @@ LENGTHS = [1, 5, 2, 77, 16, 120, 9]
 
 def _config(cls=None, **kw):  # noqa: ANN001, ANN202
     cls = cls or transformers.XLMRobertaConfig
-    base = dict(
-        vocab_size=VOCAB,
-        hidden_size=48,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=130,
-        type_vocab_size=1,
-        pad_token_id=PAD,
-    )
-    return cls(**(base | kw))
+    return cls(**(family_table.XLM_ROBERTA.config | kw))
 
 
 def _model(cls, config, seed: int) -> torch.nn.Module:
@@ -50,7 +42,7 @@ def _model(cls, config, seed: int) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def hf_model() -> torch.nn.Module:
-    return _model(transformers.XLMRobertaModel, _config(), seed=31)
+    return family_table.hf_model(family_table.XLM_ROBERTA)
 
 
 def _seqs(seed: int) -> list[list[int]]:
@@ -59,15 +51,6 @@ def _seqs(seed: int) -> list[list[int]]:
     seqs[3][10:13] = [PAD, PAD, PAD]
     seqs[5][0] = PAD
     return seqs
-
-
-@pytest.mark.parametrize("pooling", ["mean", "cls"])
-def test_pooled_output_matches_transformers(hf_model, tmp_path: Path, pooling: str) -> None:
-    engine = Engine.load(save_model_dir(hf_model, tmp_path / pooling, VOCAB, pooling))
-    # 130 table rows, the first two before any real position.
-    assert (engine.card.family, engine.card.max_input_tokens) == ("xlm-roberta", 128)
-    seqs = _seqs(seed=32)
-    assert_matches_reference(engine.embed(*pack(seqs)), reference_pooled(hf_model, seqs, pooling))
 
 
 def test_a_full_length_input_uses_the_last_position_row(hf_model, tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from engine_helpers import cosines, pack, random_seqs, randomize, write_word_tokenizer
 
-from mesh.worker.engine import fused
 from mesh.worker.engine.engine import Engine, choose_kernels
+from mesh.worker.engine.kernels import fused
 from mesh.worker.engine.models import blocks
 
 ROWS = [1, 7, 129]
@@ -166,7 +166,7 @@ def test_rope_without_norms_rotates_q_and_k_in_place_as_nomic(
 
 
 def test_strided_q_k_v_views_give_the_cpu_attention_the_same_result(kernels) -> None:
-    from mesh.worker.engine.attention import cpu_backend
+    from mesh.worker.engine.kernels.attention import cpu_backend
 
     hq, hkv, d, rows = 4, 2, 32, 40
     qkv = _randn(rows, (hq + 2 * hkv) * d, dtype=torch.float32, seed=13)

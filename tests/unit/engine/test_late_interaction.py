@@ -17,7 +17,7 @@ import torch
 
 from mesh.worker.engine.card import read_card
 from mesh.worker.engine.engine import Engine
-from mesh.worker.engine.late_interaction import key_lengths
+from mesh.worker.engine.heads.late_interaction import key_lengths
 from tests.colbert_reference import colbert_reference, served_vectors
 from tests.st_models import ColbertSpec, build_colbert_ai, build_pylate
 
@@ -127,8 +127,8 @@ def test_what_is_not_served_is_refused_by_name(tmp_path, file, change, match):
 
 
 def test_the_gpu_backends_key_rows_are_each_sequence_s_leading_keys():
-    from mesh.worker.engine.attention import SdpaPerSequence
-    from mesh.worker.engine.flashinfer_attention import kept_keys
+    from mesh.worker.engine.kernels.attention import SdpaPerSequence
+    from mesh.worker.engine.kernels.flashinfer_attention import kept_keys
 
     gen = torch.Generator().manual_seed(0)
     cu = torch.tensor([0, 5, 12, 15], dtype=torch.int32)

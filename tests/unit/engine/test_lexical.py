@@ -14,8 +14,8 @@ import torch
 from mesh.worker.engine import convert_m3
 from mesh.worker.engine.card import read_card
 from mesh.worker.engine.engine import Engine
-from mesh.worker.engine.lexical import HEAD_FILE, PICKLED_HEAD_FILE, special_ids
-from mesh.worker.engine.sparse import sparse_rows
+from mesh.worker.engine.heads.lexical import HEAD_FILE, PICKLED_HEAD_FILE, special_ids
+from mesh.worker.engine.heads.sparse import sparse_rows
 from mesh.worker.pipeline import ResultPipeline
 from proto_msgs import BatchAssign, OutputOptions
 from tests.st_models import build_m3_lexical
@@ -189,7 +189,7 @@ def test_a_directory_with_both_bge_m3_heads_loads_with_both(m3_dir: Path, tmp_pa
 
     from safetensors.torch import save_file
 
-    from mesh.worker.engine.colbert import M3_HEAD
+    from mesh.worker.engine.heads.colbert import M3_HEAD
     from mesh.worker.engine.weights import SIDE_HEAD_FILES
 
     assert set(SIDE_HEAD_FILES) == {HEAD_FILE, f"{M3_HEAD}.safetensors"}

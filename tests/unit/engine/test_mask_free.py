@@ -1,22 +1,21 @@
 """Which batches of a windowed model need no mask: a window of ``w`` keys either side changes
 nothing for a sequence of at most ``w + 1`` tokens, so such a batch runs the mask-free path
 (on CUDA FlashInfer and the graphs). The bound per family from its config, at the boundary;
-MPNet's bias never; and ``attend`` drops a window only on a backend told the batch is covered."""
+MPNet's bias never; and a backend drops a window only when told the batch is covered."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import MaskFreeSdpa
+from engine_helpers import MaskFreeSdpa, bare_model
 
-from mesh.worker.engine.attention import (
+from mesh.worker.engine.kernels.attention import (
     SdpaPerSequence,
     mask_free,
     mask_free_length,
     sequence_mask,
 )
 from mesh.worker.engine.models import gemma3, modernbert
-from mesh.worker.engine.models.blocks import attend
 from mesh.worker.engine.models.mpnet import MPNetEncoder
 
 
@@ -42,8 +41,9 @@ def test_a_windowed_batch_is_mask_free_up_to_the_window_plus_one(
 
 
 def test_an_mpnet_batch_is_never_mask_free() -> None:
-    assert MPNetEncoder.needs_masks and MPNetEncoder.mask_free_length is None
-    assert not mask_free(1, True, MPNetEncoder.mask_free_length)
+    mpnet = bare_model(MPNetEncoder)
+    assert mpnet.needs_masks and mpnet.mask_free_length is None
+    assert not mask_free(1, True, mpnet.mask_free_length)
 
 
 def test_a_model_without_masks_is_always_mask_free() -> None:
@@ -69,29 +69,30 @@ def _qkv(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return tuple(torch.randn(n, 2, 8, generator=gen) for _ in range(3))  # type: ignore[return-value]
 
 
-def test_attend_drops_the_window_on_a_covered_backend_only() -> None:
+def test_a_covered_backend_drops_the_window_and_only_it() -> None:
     q, k, v = _qkv(10)
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
     covered, masked = MaskFreeSdpa(), SdpaPerSequence()
     covered.plan(cu, False)
     masked.plan(cu, False)
     # Every sequence within the window: the same as the masked backend's.
-    got = attend(covered, q, k, v, window=5)
-    torch.testing.assert_close(got, attend(masked, q, k, v, window=5), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(got, attend(masked, q, k, v), rtol=1e-6, atol=1e-6)
+    got = covered.run(q, k, v, window=5)
+    torch.testing.assert_close(got, masked.run(q, k, v, window=5), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got, masked.run(q, k, v), rtol=1e-6, atol=1e-6)
 
 
 def test_a_backend_without_masks_still_refuses_a_window_or_a_bias() -> None:
     q, k, v = _qkv(4)
 
     class NoMasks(SdpaPerSequence):
-        takes_masks = False
+        takes_bias = False
+        takes_window = False
 
     plain = NoMasks()
     plain.plan(torch.tensor([0, 4], dtype=torch.int32), False)
-    with pytest.raises(ValueError, match="no attention bias or window"):
-        attend(plain, q, k, v, window=2)
+    with pytest.raises(ValueError, match="NoMasks takes no attention window"):
+        plain.run(q, k, v, window=2)
     covered = MaskFreeSdpa()
     covered.plan(torch.tensor([0, 4], dtype=torch.int32), False)
-    with pytest.raises(ValueError, match="no attention bias or window"):
-        attend(covered, q, k, v, bias=torch.zeros(2, 4, 4))
+    with pytest.raises(ValueError, match="MaskFreeSdpa takes no attention bias"):
+        covered.run(q, k, v, bias=torch.zeros(2, 4, 4))

@@ -15,9 +15,9 @@ from safetensors.torch import load_file
 from mesh.client.spans import token_spans
 from mesh.worker.engine import convert_m3
 from mesh.worker.engine.card import read_card
-from mesh.worker.engine.colbert import convert_pickled_head
 from mesh.worker.engine.engine import Engine
-from mesh.worker.engine.spans import absolute_spans
+from mesh.worker.engine.heads.colbert import convert_pickled_head
+from mesh.worker.engine.heads.spans import absolute_spans
 from mesh.worker.pipeline import ResultPipeline
 from proto_msgs import BatchAssign, ModelInfo, OutputOptions, ProtocolError
 from tests.st_models import build_m3_colbert

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from mesh.worker.engine.spans import (
+from mesh.worker.engine.heads.spans import (
     SpanBuffers,
     absolute_spans,
     fill_span_index,

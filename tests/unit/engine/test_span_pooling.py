@@ -13,7 +13,7 @@ import torch
 from mesh.client.spans import check_mean_pooled
 from mesh.errors import InvalidInput
 from mesh.worker.engine.engine import Engine
-from mesh.worker.engine.spans import absolute_spans, span_means
+from mesh.worker.engine.heads.spans import absolute_spans, span_means
 from mesh.worker.pipeline import ResultPipeline
 from proto_msgs import BatchAssign, ModelInfo, OutputOptions
 from tests.st_models import build_st_model, build_tiny_bert

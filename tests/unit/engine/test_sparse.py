@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from mesh.worker.engine import sparse as sparse_module
 from mesh.worker.engine.card import read_card
 from mesh.worker.engine.engine import Engine
-from mesh.worker.engine.sparse import sparse_rows
+from mesh.worker.engine.heads import sparse as sparse_module
+from mesh.worker.engine.heads.sparse import sparse_rows
 from tests.st_models import build_splade
 from tests.unit.engine.engine_helpers import tokenized
 

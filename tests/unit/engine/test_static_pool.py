@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mesh.worker.engine.pooling import PoolBuffers, fill_pool_indices, pool, static_pool
+from mesh.worker.engine.heads.pooling import PoolBuffers, fill_pool_indices, pool, static_pool
 
 SPECS = [
     "mean",

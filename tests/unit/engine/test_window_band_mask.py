@@ -6,19 +6,18 @@ backend (one window size, a head_dim FlashInfer was checked on, not switched off
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
+from engine_helpers import bare_model
 
-from mesh.worker.engine import flashinfer_windowed
-from mesh.worker.engine.attention import sequence_mask
-from mesh.worker.engine.flashinfer_windowed import (
+from mesh.worker.engine.kernels import flashinfer_windowed
+from mesh.worker.engine.kernels.attention import sequence_mask
+from mesh.worker.engine.kernels.flashinfer_windowed import (
     WINDOW_MASK_ENV,
     band_mask,
-    single_window,
     windowed_backend,
 )
+from mesh.worker.engine.models.base import PackedEncoder
 
 
 def _expected(n: int, window: int, causal: bool) -> torch.Tensor:
@@ -76,19 +75,22 @@ def test_the_mask_is_empty_for_an_empty_batch_sequence() -> None:
     assert torch.equal(blocks[2], _expected(4, 1, False))
 
 
-def _model(windows: list[int | None], mask_free_length: int | None = 0) -> SimpleNamespace:
-    layers = [SimpleNamespace(window=w) for w in windows]
-    return SimpleNamespace(layers=layers, mask_free_length=mask_free_length)
+class _Biased(PackedEncoder):
+    position_bias = True  # as MPNet
+
+
+def _model(windows: list[int | None], bias: bool = False) -> PackedEncoder:
+    return bare_model(_Biased if bias else PackedEncoder, tuple(windows))
 
 
 def test_a_model_with_one_window_size_has_that_window() -> None:
-    assert single_window(_model([None, 64, 64, None, 64])) == 64
+    assert _model([None, 64, 64, None, 64]).single_window == 64
 
 
 def test_models_without_one_window_size_keep_grouped_sdpa() -> None:
-    assert single_window(_model([None, 64, 32])) is None  # a mask per size: not built
-    assert single_window(_model([None, None], mask_free_length=None)) is None
-    assert single_window(_model([None], mask_free_length=None)) is None  # MPNet: a bias
+    assert _model([None, 64, 32]).single_window is None  # a mask per size: not built
+    assert _model([None, None]).single_window is None
+    assert _model([None], bias=True).single_window is None  # MPNet: a bias
 
 
 @pytest.mark.parametrize(
@@ -100,7 +102,7 @@ def test_models_without_one_window_size_keep_grouped_sdpa() -> None:
     ],
 )
 def test_the_windowed_backend_is_not_built_where_it_does_not_apply(
-    choice: str, head_dim: int, model: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+    choice: str, head_dim: int, model: PackedEncoder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(WINDOW_MASK_ENV, choice)
     heads = (8, 8, head_dim)

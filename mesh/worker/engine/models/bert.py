@@ -8,7 +8,7 @@ one GEMM instead of three.
 
 The per-layer work after attention is :func:`.blocks.post_ln`, picked per model by
 :meth:`BertEncoder.use_kernels`: eager torch (the CPU path and the reference), one
-``torch.compile`` of it, or the fused CUDA path (:mod:`mesh.worker.engine.fused` residual +
+``torch.compile`` of it, or the fused CUDA path (:mod:`mesh.worker.engine.kernels.fused` residual +
 LayerNorm kernels, bias + GELU in the up projection's cuBLASLt epilogue). XLM-RoBERTa
 (:mod:`.xlm_roberta`) and MPNet (:mod:`.mpnet`) reuse these layers.
 """
@@ -21,9 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mesh.worker.engine.attention import AttentionBackend
-from mesh.worker.engine.models.blocks import PostLn, attend, check_kernels, post_ln, post_ln_for
-from mesh.worker.engine.weights import Weights, WeightSource
+from mesh.worker.engine.kernels.attention import AttentionBackend
+from mesh.worker.engine.models.base import PackedEncoder
+from mesh.worker.engine.models.blocks import PostLn, post_ln, post_ln_for
+from mesh.worker.engine.weights import Weights
 
 
 class BertLayer(nn.Module):
@@ -66,7 +67,7 @@ class BertLayer(nn.Module):
     ) -> torch.Tensor:
         total = x.shape[0]
         qkv = F.linear(x, self.qkv_w, self.qkv_b).view(total, 3, self.num_heads, -1)
-        a = attend(attn, qkv[:, 0], qkv[:, 1], qkv[:, 2], bias=bias)
+        a = attn.run(qkv[:, 0], qkv[:, 1], qkv[:, 2], bias=bias)
         return after(
             x,
             a.reshape(x.shape),
@@ -76,35 +77,15 @@ class BertLayer(nn.Module):
         )
 
 
-class BertEncoder(nn.Module):
+class BertEncoder(PackedEncoder):
     """``forward(ids[T], positions[T], attn) -> [T, hidden]`` for a planned packed batch."""
 
-    causal = False
     family = "bert"
-    # Whether attention needs a bias or window that FlashInfer's ragged prefill cannot take
-    # (gpu.GpuRunner then runs torch SDPA, eagerly).
-    needs_masks = False
     layer_names = BertLayer.NAMES
     token_types = True  # MPNet has no token type embeddings
 
-    def __init__(
-        self,
-        config: dict[str, Any],
-        source: WeightSource,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        causal: bool = False,
-    ) -> None:
-        super().__init__()
-        self.check_supported(config)
-        self.dtype = dtype
-        self.hidden = int(config["hidden_size"])
-        self.num_heads = int(config["num_attention_heads"])
-        self.num_kv_heads = self.num_heads
-        self.head_dim = self.hidden // self.num_heads
-        self.vocab_size = int(config["vocab_size"])
-        self.eps = float(config.get("layer_norm_eps", 1e-12))
-        w = Weights(source, dtype, device)
+    def build(self, config: dict[str, Any], w: Weights) -> None:
+        self.pad = self.padding_index(config)
         self.register_buffer("word", w("embeddings.word_embeddings.weight"))
         self.register_buffer("pos", w("embeddings.position_embeddings.weight"))
         # Token type is always 0 for single-text embedding: fold its row in once.
@@ -113,16 +94,14 @@ class BertEncoder(nn.Module):
         # Type 1 less type 0, for a cross-encoder's pairs (fold_pair_types); None with one type.
         pairs = types is not None and types.shape[0] > 1
         self.register_buffer("type1_delta", types[1] - types[0] if pairs else None)
-        self.pair_shift = 0
         self.register_buffer("ln_w", w("embeddings.LayerNorm.weight"))
         self.register_buffer("ln_b", w("embeddings.LayerNorm.bias"))
         self.layers = nn.ModuleList(
             BertLayer(w.under(f"encoder.layer.{i}."), self.num_heads, self.eps, self.layer_names)
-            for i in range(int(config["num_hidden_layers"]))
+            for i in range(self.shape.num_layers)
         )
         # MPNet's relative position bias [heads, L, L]; None for absolute positions only.
         self.register_buffer("rel_bias", None)
-        self.kernels = "torch"
         self._after: PostLn = post_ln
 
     @classmethod
@@ -138,14 +117,18 @@ class BertEncoder(nn.Module):
                 f"{cls.family}: hidden_act {config.get('hidden_act')!r} is not supported (gelu)"
             )
 
-    def use_kernels(self, kernels: str, exact_gelu: bool = False) -> str:
+    def select_kernels(self, kernels: str, exact_gelu: bool) -> str:
         """Run the layers through "torch", "compile" or "fused" (CUDA; see
-        :func:`.blocks.post_ln_fused`; ``exact_gelu`` keeps the eager erf GELU there).
-        Returns the kernels in use."""
-        check_kernels(kernels)
+        :func:`.blocks.post_ln_fused`; ``exact_gelu`` keeps the eager erf GELU there)."""
         self._after = post_ln_for(kernels, exact_gelu)
-        self.kernels = kernels
         return kernels
+
+    @classmethod
+    def padding_index(cls, config: dict[str, Any]) -> int:
+        """The pad token's row of the position table (RoBERTa's positions start after it);
+        BERT's positions do not depend on it."""
+        pad = config.get("pad_token_id")
+        return 0 if pad is None else int(pad)
 
     def position_ids(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rows of the position table for each token (BERT: its position in its sequence)."""
@@ -161,6 +144,9 @@ class BertEncoder(nn.Module):
             folded = self.word.float() + self.type1_delta.float()  # rounded once, not twice
             self.word = torch.cat([self.word, folded.to(self.word.dtype)])
         return self.pair_shift
+
+    def word_table(self) -> torch.Tensor:
+        return self.word
 
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.word[ids] + self.pos[self.position_ids(ids, positions)]

@@ -1,5 +1,5 @@
 """The layers families share, written once: norms, activations, rotary positions, the MLP
-variants, fused QKV splitting, the attention call, and the post-LN layer wiring.
+variants, fused QKV splitting, rotary tables per layer kind, and the post-LN layer wiring.
 
 Everything here is a plain function of tensors (weights are arguments, not module state),
 so that one ``torch.compile`` of a function serves every layer of every model: compiling
@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from mesh.worker.engine import fused
-from mesh.worker.engine.attention import AttentionBackend
+from mesh.worker.engine.kernels import fused
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 
@@ -105,6 +105,35 @@ def rope_cos_sin(
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+class RopeTables(nn.Module):
+    """Rotary tables per layer kind (ModernBERT's and Gemma 3's global and local layers
+    have a theta each): ``forward(positions, dtype)`` gives each kind's ``cos, sin [T, 1,
+    D]`` (broadcast over heads), computed once a batch for all the layers of that kind."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        kinds: list[str],
+        theta: Callable[[dict[str, Any], str], float],
+        head_dim: int,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        self.kinds = sorted(set(kinds))
+        for kind in self.kinds:
+            inv_freq = rope_inv_freq(head_dim, theta(config, kind), device)
+            self.register_buffer(f"inv_freq_{kind}", inv_freq)
+
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        tables = {}
+        for kind in self.kinds:
+            cos, sin = rope_cos_sin(positions, self.get_buffer(f"inv_freq_{kind}"), dtype)
+            tables[kind] = (cos[:, None], sin[:, None])
+        return tables
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -123,30 +152,6 @@ def split_qkv(
     hq, hkv, d = dims
     q, k, v = qkv.view(qkv.shape[0], hq + 2 * hkv, d).split([hq, hkv, hkv], dim=1)
     return q, k, v
-
-
-def attend(
-    attn: AttentionBackend,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    window: int | None = None,
-) -> torch.Tensor:
-    """Attention over the planned packed batch, with a relative-position ``bias``
-    (``[H, L, L]``, added to the scaled scores of every sequence's top-left ``[H, l, l]``)
-    or a sliding ``window`` (keys at most ``window`` positions away) when the family needs
-    one. Only backends with ``takes_masks`` can (the SDPA ones; FlashInferWindowed a window
-    only), so :class:`mesh.worker.engine.gpu.GpuRunner` gives such models one of those,
-    except for batches no window cuts (``windows_covered``: see :mod:`..attention`).
-    """
-    # A covered backend is only ever planned with sequences of at most the model's
-    # mask_free_length, for which the window allows every key: full attention is exact.
-    if bias is None and (window is None or getattr(attn, "windows_covered", False)):
-        return attn.run(q, k, v)
-    if not getattr(attn, "takes_masks", False):
-        raise ValueError(f"{type(attn).__name__} takes no attention bias or window")
-    return attn.run(q, k, v, bias=bias, window=window)  # type: ignore[call-arg]
 
 
 def gated_mlp(
@@ -236,19 +241,3 @@ def post_ln_for(kernels: str, exact_gelu: bool = False) -> PostLn:
     if kernels == "fused":
         return functools.partial(post_ln_fused, exact_gelu=exact_gelu)
     raise ValueError(f"unknown kernels {kernels!r}")
-
-
-def check_kernels(kernels: str) -> None:
-    if kernels not in ("torch", "compile", "fused"):
-        raise ValueError(f"unknown kernels {kernels!r}")
-
-
-class EagerOnly:
-    """For a family without a compiled or fused path yet: ``use_kernels`` accepts any choice,
-    runs eager torch, and says so (``Engine.kernels`` reports what runs)."""
-
-    kernels = "torch"
-
-    def use_kernels(self, kernels: str, exact_gelu: bool = False) -> str:
-        check_kernels(kernels)
-        return self.kernels

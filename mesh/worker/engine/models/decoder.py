@@ -17,7 +17,7 @@ card:
 
 Three ways to run the non-GEMM parts, picked per model by :meth:`DecoderEmbedder.use_kernels`:
 eager torch (the CPU path and the reference), ``torch.compile`` of the per-layer functions,
-or the fused CUDA path (:mod:`mesh.worker.engine.fused`), where each residual add is fused
+or the fused CUDA path (:mod:`mesh.worker.engine.kernels.fused`), where each residual add is fused
 into the norm that follows it, so layers hand back their MLP output and the model loop adds
 it to the residual stream together with the next layer's input norm (or the final norm).
 Without q/k norms (Qwen2, Mistral) the fused path applies RoPE in torch.
@@ -37,20 +37,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mesh.worker.engine import fused
-from mesh.worker.engine.attention import AttentionBackend
+from mesh.worker.engine.kernels import fused
+from mesh.worker.engine.kernels.attention import AttentionBackend
+from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.models.blocks import (
     activation,
     apply_rope,
     check_default_rope,
-    check_kernels,
     rms_norm,
     rope_cos_sin,
     rope_inv_freq,
     rope_parameters,
     split_qkv,
 )
-from mesh.worker.engine.weights import Weights, WeightSource
+from mesh.worker.engine.weights import Weights
 
 # (before_attention, after_attention): plain or compiled, as the layers call them.
 LayerFns = tuple[Callable[..., Any], Callable[..., torch.Tensor]]
@@ -170,42 +170,22 @@ def _compiled_fns() -> LayerFns:
     )
 
 
-class DecoderEmbedder(nn.Module):
+class DecoderEmbedder(PackedEncoder):
     """``forward(ids[T], positions[T], attn) -> [T, hidden]`` for a planned packed batch."""
 
     family = "qwen3"
+    eps_key = ("rms_norm_eps", 1e-6)
     qk_norm = True  # Qwen3's per-head q/k RMSNorm
-    needs_masks = False
 
-    def __init__(
-        self,
-        config: dict[str, Any],
-        source: WeightSource,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        causal: bool,
-    ) -> None:
-        super().__init__()
-        self.check_supported(config)
-        self.causal = causal
-        self.dtype = dtype
-        self.hidden = int(config["hidden_size"])
-        self.vocab_size = int(config["vocab_size"])
-        self.num_heads = int(config["num_attention_heads"])
-        self.num_kv_heads = int(config.get("num_key_value_heads") or self.num_heads)
-        self.head_dim = int(config.get("head_dim") or self.hidden // self.num_heads)
-        self.eps = float(config.get("rms_norm_eps", 1e-6))
+    def build(self, config: dict[str, Any], w: Weights) -> None:
         theta = float(rope_parameters(config).get("rope_theta", 10000.0))
-        self.register_buffer("inv_freq", rope_inv_freq(self.head_dim, theta, device))
-        w = Weights(source, dtype, device)
+        self.register_buffer("inv_freq", rope_inv_freq(self.head_dim, theta, w.device))
         self.register_buffer("embed", w("embed_tokens.weight"))
-        dims = (self.num_heads, self.num_kv_heads, self.head_dim)
         self.layers = nn.ModuleList(
-            DecoderLayer(w.under(f"layers.{i}."), dims, self.eps, self.qk_norm)
-            for i in range(int(config["num_hidden_layers"]))
+            DecoderLayer(w.under(f"layers.{i}."), self.heads, self.eps, self.qk_norm)
+            for i in range(self.shape.num_layers)
         )
         self.register_buffer("norm", w("norm.weight"))
-        self.kernels = "torch"
         self._fns: LayerFns = (before_attention, after_attention)
 
     @classmethod
@@ -218,12 +198,10 @@ class DecoderEmbedder(nn.Module):
         if activation(act, cls.family) is not F.silu:
             raise NotImplementedError(f"{cls.family}: hidden_act {act!r} is not supported (silu)")
 
-    def use_kernels(self, kernels: str, exact_gelu: bool = False) -> str:
+    def select_kernels(self, kernels: str, exact_gelu: bool) -> str:
         """Run the layers through "torch", "compile" or "fused" (Triton kernels; CUDA, or
         Triton's interpreter in tests). ``exact_gelu`` is BERT's; there is no GELU here."""
-        check_kernels(kernels)
         self._fns = _compiled_fns() if kernels == "compile" else (before_attention, after_attention)
-        self.kernels = kernels
         return kernels
 
     def forward(

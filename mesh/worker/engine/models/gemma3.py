@@ -30,20 +30,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mesh.worker.engine.attention import AttentionBackend, mask_free_length
+from mesh.worker.engine.kernels.attention import AttentionBackend
+from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.models.blocks import (
     Activation,
-    EagerOnly,
+    RopeTables,
     activation,
     apply_rope,
-    attend,
     check_default_rope,
     gated_mlp,
     rms_norm_unit_offset,
-    rope_cos_sin,
-    rope_inv_freq,
 )
-from mesh.worker.engine.weights import Weights, WeightSource
+from mesh.worker.engine.weights import Weights
 
 THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
 
@@ -86,7 +84,7 @@ class Gemma3Layer(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.q_scale != 1.0:
             q = q * self.q_scale
-        a = attend(attn, q, k, v.reshape(-1, hkv, d), window=self.window)
+        a = attn.run(q, k, v.reshape(-1, hkv, d), window=self.window)
         a = F.linear(a.reshape(x.shape[0], -1), self.o_w, self.o_b)
         x = x + norm(a, self.post_attention, self.eps)
         m = gated_mlp(
@@ -95,67 +93,42 @@ class Gemma3Layer(nn.Module):
         return x + norm(m, self.post_feedforward, self.eps)
 
 
-class Gemma3Embedder(EagerOnly, nn.Module):
+class Gemma3Embedder(PackedEncoder):
     """``forward(ids[T], positions[T], attn) -> [T, hidden]`` for a planned packed batch."""
 
     family = "gemma3"
+    eps_key = ("rms_norm_eps", 1e-6)
+    eager_only = True
 
-    def __init__(
-        self,
-        config: dict[str, Any],
-        source: WeightSource,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        causal: bool,
-    ) -> None:
-        super().__init__()
-        if config.get("attn_logit_softcapping") is not None:
-            raise NotImplementedError("gemma3: attn_logit_softcapping is not supported")
+    def build(self, config: dict[str, Any], w: Weights) -> None:
         act = activation(str(config.get("hidden_activation", "gelu_pytorch_tanh")), self.family)
-        self.causal, self.dtype = causal, dtype
-        hidden = int(config["hidden_size"])
-        self.vocab_size = int(config["vocab_size"])
-        self.num_heads = int(config["num_attention_heads"])
-        self.num_kv_heads = int(config.get("num_key_value_heads") or self.num_heads)
-        self.head_dim = int(config.get("head_dim") or hidden // self.num_heads)
-        self.eps = float(config.get("rms_norm_eps", 1e-6))
         self.layer_types = _layer_types(config)
-        window = _window(config, causal)
-        for kind in set(self.layer_types):
-            theta = _rope_theta(config, kind)
-            self.register_buffer(f"inv_freq_{kind}", rope_inv_freq(self.head_dim, theta, device))
+        window = _window(config, self.causal)
+        # The local layers' window binds only on longer sequences (GpuRunner's choice).
+        self.windows = tuple(window if k == "sliding_attention" else None for k in self.layer_types)
+        self.rope = RopeTables(config, self.layer_types, _rope_theta, self.head_dim, w.device)
         # The backends scale by head_dim ** -0.5; Gemma by query_pre_attn_scalar ** -0.5.
         scalar = float(config.get("query_pre_attn_scalar", self.head_dim))
         q_scale = (self.head_dim / scalar) ** 0.5
-        w = Weights(source, dtype, device)
         # transformers multiplies by the scale as a tensor in the weights' dtype.
-        self.embed_scale = float(torch.tensor(hidden**0.5, dtype=dtype))
+        self.embed_scale = float(torch.tensor(self.hidden**0.5, dtype=self.dtype))
         self.register_buffer("embed", w("embed_tokens.weight"))
-        dims = (self.num_heads, self.num_kv_heads, self.head_dim)
         self.layers = nn.ModuleList(
-            Gemma3Layer(
-                w.under(f"layers.{i}."),
-                dims,
-                self.eps,
-                window if kind == "sliding_attention" else None,
-                act,
-                q_scale,
-            )
-            for i, kind in enumerate(self.layer_types)
+            Gemma3Layer(w.under(f"layers.{i}."), self.heads, self.eps, window, act, q_scale)
+            for i, window in enumerate(self.windows)
         )
-        # The local layers' window binds only on longer sequences (GpuRunner's choice).
-        self.mask_free_length = mask_free_length(layer.window for layer in self.layers)
-        self.needs_masks = self.mask_free_length is not None
         self.register_buffer("norm", w("norm.weight"))
+
+    @classmethod
+    def check_supported(cls, config: dict[str, Any]) -> None:
+        if config.get("attn_logit_softcapping") is not None:
+            raise NotImplementedError("gemma3: attn_logit_softcapping is not supported")
 
     def forward(
         self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
     ) -> torch.Tensor:
         x = self.embed[ids] * self.embed_scale
-        rope = {}
-        for kind in set(self.layer_types):
-            cos, sin = rope_cos_sin(positions, getattr(self, f"inv_freq_{kind}"), x.dtype)
-            rope[kind] = (cos[:, None], sin[:, None])
+        rope = self.rope(positions, x.dtype)
         for layer, kind in zip(self.layers, self.layer_types, strict=True):
             x = layer(x, *rope[kind], attn)
         return norm(x, self.norm, self.eps)
@@ -173,7 +146,8 @@ def _layer_types(config: dict[str, Any]) -> list[str]:
 
 
 def _window(config: dict[str, Any], causal: bool) -> int | None:
-    """The local layers' window as attend() takes it: keys at most this far away."""
+    """The local layers' window as a backend's ``run`` takes it: keys at most this far
+    away."""
     saved = config.get("sliding_window")
     if saved is None:
         return None

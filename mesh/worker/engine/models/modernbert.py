@@ -28,21 +28,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mesh.worker.engine.attention import AttentionBackend, mask_free_length
+from mesh.worker.engine.kernels.attention import AttentionBackend
+from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.models.blocks import (
     Activation,
-    EagerOnly,
+    RopeTables,
     activation,
     apply_rope,
-    attend,
     check_default_rope,
     gated_mlp,
     layer_norm,
-    rope_cos_sin,
-    rope_inv_freq,
     split_qkv,
 )
-from mesh.worker.engine.weights import Weights, WeightSource
+from mesh.worker.engine.weights import Weights
 
 THETA = {"full_attention": 160_000.0, "sliding_attention": 10_000.0}
 OLD_THETA_KEYS = {"full_attention": "global_rope_theta", "sliding_attention": "local_rope_theta"}
@@ -74,54 +72,33 @@ class ModernBertLayer(nn.Module):
         d = x.shape[1] // self.heads
         q, k, v = split_qkv(F.linear(h, self.qkv_w, self.qkv_b), (self.heads, self.heads, d))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        a = attend(attn, q, k, v, window=self.window).reshape(x.shape)
+        a = attn.run(q, k, v, window=self.window).reshape(x.shape)
         x = x + F.linear(a, self.o_w, self.o_b)
         h = layer_norm(x, self.mlp_norm_w, self.mlp_norm_b, self.eps)
         return x + gated_mlp(h, self.wi_w, self.wo_w, self.act, self.wi_b, self.wo_b)
 
 
-class ModernBertEncoder(EagerOnly, nn.Module):
+class ModernBertEncoder(PackedEncoder):
     """``forward(ids[T], positions[T], attn) -> [T, hidden]`` for a planned packed batch."""
 
     family = "modernbert"
+    eps_key = ("norm_eps", 1e-5)
+    eager_only = True
 
-    def __init__(
-        self,
-        config: dict[str, Any],
-        source: WeightSource,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        causal: bool = False,
-    ) -> None:
-        super().__init__()
+    def build(self, config: dict[str, Any], w: Weights) -> None:
         act = activation(str(config.get("hidden_activation", "gelu")), self.family)
-        self.dtype = dtype
-        self.vocab_size = int(config["vocab_size"])
-        self.num_heads = self.num_kv_heads = int(config["num_attention_heads"])
-        self.head_dim = int(config["hidden_size"]) // self.num_heads
-        self.eps = float(config.get("norm_eps", 1e-5))
         self.layer_types = _layer_types(config)
         window = _window(config)
-        for kind in set(self.layer_types):
-            theta = _rope_theta(config, kind)
-            self.register_buffer(f"inv_freq_{kind}", rope_inv_freq(self.head_dim, theta, device))
-        w = Weights(source, dtype, device)
+        # The local layers' window binds only on longer sequences (GpuRunner's choice).
+        self.windows = tuple(window if k == "sliding_attention" else None for k in self.layer_types)
+        self.rope = RopeTables(config, self.layer_types, _rope_theta, self.head_dim, w.device)
         self.register_buffer("embed", w("embeddings.tok_embeddings.weight"))
         self.register_buffer("embed_norm_w", w("embeddings.norm.weight"))
         self.register_buffer("embed_norm_b", w.optional("embeddings.norm.bias"))
         self.layers = nn.ModuleList(
-            ModernBertLayer(
-                w.under(f"layers.{i}."),
-                self.num_heads,
-                self.eps,
-                window if kind == "sliding_attention" else None,
-                act,
-            )
-            for i, kind in enumerate(self.layer_types)
+            ModernBertLayer(w.under(f"layers.{i}."), self.num_heads, self.eps, window, act)
+            for i, window in enumerate(self.windows)
         )
-        # The local layers' window binds only on longer sequences (GpuRunner's choice).
-        self.mask_free_length = mask_free_length(layer.window for layer in self.layers)
-        self.needs_masks = self.mask_free_length is not None
         self.register_buffer("final_norm_w", w("final_norm.weight"))
         self.register_buffer("final_norm_b", w.optional("final_norm.bias"))
 
@@ -129,18 +106,15 @@ class ModernBertEncoder(EagerOnly, nn.Module):
         self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
     ) -> torch.Tensor:
         x = layer_norm(self.embed[ids], self.embed_norm_w, self.embed_norm_b, self.eps)
-        rope = {}
-        for kind in set(self.layer_types):
-            cos, sin = rope_cos_sin(positions, getattr(self, f"inv_freq_{kind}"), x.dtype)
-            rope[kind] = (cos[:, None], sin[:, None])
+        rope = self.rope(positions, x.dtype)
         for layer, kind in zip(self.layers, self.layer_types, strict=True):
             x = layer(x, *rope[kind], attn)
         return layer_norm(x, self.final_norm_w, self.final_norm_b, self.eps)
 
 
 def _window(config: dict[str, Any]) -> int:
-    """The local layers' window as attend() takes it: keys at most this far away (transformers'
-    ``abs(q - kv) <= local_attention // 2``)."""
+    """The local layers' window as a backend's ``run`` takes it: keys at most this far
+    away (transformers' ``abs(q - kv) <= local_attention // 2``)."""
     return int(config.get("local_attention", 128)) // 2
 
 

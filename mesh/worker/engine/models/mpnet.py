@@ -7,7 +7,7 @@ positions (:class:`.xlm_roberta.XLMRobertaEncoder`, padding index 1, fixed in tr
 ``j - i`` (transformers' ``MPNetEncoder.relative_position_bucket``: 32 buckets, max distance
 128, both fixed in its code) and added to the scaled scores. The bias depends on ``j - i``
 only, so it is built once at load for the longest input and each sequence adds its
-top-left block (:func:`.blocks.attend`).
+top-left block (the SDPA backends, ``takes_bias``).
 
 On CUDA: FlashInfer's fa2 ragged prefill takes no additive bias, so MPNet runs torch SDPA
 over length-sorted padded groups with the bias as its float mask (``needs_masks``:
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from mesh.worker.engine.models.xlm_roberta import XLMRobertaEncoder
-from mesh.worker.engine.weights import Weights, WeightSource
+from mesh.worker.engine.weights import Weights
 
 NUM_BUCKETS = 32
 MAX_DISTANCE = 128
@@ -48,8 +48,7 @@ def relative_position_bucket(relative: torch.Tensor) -> torch.Tensor:
 
 class MPNetEncoder(XLMRobertaEncoder):
     family = "mpnet"
-    needs_masks = True
-    mask_free_length = None  # the relative bias changes every batch, however short
+    position_bias = True
     token_types = False
     layer_names = {
         "q": "attention.attn.q",
@@ -62,23 +61,19 @@ class MPNetEncoder(XLMRobertaEncoder):
         "ln2": "output.LayerNorm",
     }
 
-    def __init__(
-        self,
-        config: dict[str, Any],
-        source: WeightSource,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        causal: bool = False,
-    ) -> None:
-        super().__init__(config, source, dtype, device, causal)
-        self.pad = 1  # MPNetEmbeddings.padding_idx, whatever the config's pad_token_id
+    @classmethod
+    def padding_index(cls, config: dict[str, Any]) -> int:
+        return 1  # MPNetEmbeddings.padding_idx, whatever the config's pad_token_id
+
+    def build(self, config: dict[str, Any], w: Weights) -> None:
+        super().build(config, w)
         buckets = int(config.get("relative_attention_num_buckets", NUM_BUCKETS))
         if buckets < NUM_BUCKETS:
             # transformers looks up 32 buckets whatever the table's size.
             raise NotImplementedError(
                 f"mpnet: relative_attention_num_buckets {buckets} is not supported (>= 32)"
             )
-        table = Weights(source, dtype, device)("encoder.relative_attention_bias.weight")
+        table = w("encoder.relative_attention_bias.weight")
         longest = int(config["max_position_embeddings"]) - self.pad - 1
         i = torch.arange(longest, device=table.device)
         bucket = relative_position_bucket(i[None, :] - i[:, None])  # [i, j]

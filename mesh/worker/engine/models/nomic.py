@@ -17,7 +17,7 @@ are read by :func:`.registry.standard_config`.
 
 On CUDA: FlashInfer attention and CUDA graphs (no masks needed), and two ways to run the
 non-GEMM parts, picked by :meth:`NomicBertEncoder.use_kernels`: eager torch (the CPU path
-and the reference), or "fused" (:mod:`mesh.worker.engine.fused`: rotary on q and k in one
+and the reference), or "fused" (:mod:`mesh.worker.engine.kernels.fused`: rotary on q and k in one
 in-place pass over the QKV output, each residual add fused into its LayerNorm, and the
 GLU's ``act(gate) * up`` in one kernel: SiLU, or GELU exactly as torch's erf form, so GeGLU
 needs no ``exact_gelu``). There is no compiled path: "compile" runs eager torch and says so.
@@ -33,15 +33,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mesh.worker.engine import fused
-from mesh.worker.engine.attention import AttentionBackend
+from mesh.worker.engine.kernels import fused
+from mesh.worker.engine.kernels.attention import AttentionBackend
+from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.models.blocks import (
     FUSED_GLU,
     Activation,
     activation,
     apply_rope,
     check_default_rope,
-    check_kernels,
     gated_mlp,
     layer_norm,
     rope_cos_sin,
@@ -148,37 +148,20 @@ class RotaryPostLnLayer(nn.Module):
         return fused.add_layer_norm(x, h, self.ln2_w, self.ln2_b, self.eps)
 
 
-class NomicBertEncoder(nn.Module):
+class NomicBertEncoder(PackedEncoder):
     """``forward(ids[T], positions[T], attn) -> [T, hidden]`` for a planned packed batch."""
 
     family = "nomic"
-    needs_masks = False
-    kernels = "torch"
 
-    def __init__(
-        self,
-        config: dict[str, Any],
-        source: WeightSource,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        causal: bool = False,
-    ) -> None:
-        super().__init__()
-        act = self.check_supported(config)
-        self.dtype = dtype
-        self.vocab_size = int(config["vocab_size"])
-        self.num_heads = self.num_kv_heads = int(config["num_attention_heads"])
-        self.head_dim = int(config.get("head_dim") or config["hidden_size"] // self.num_heads)
-        self.eps = float(config.get("layer_norm_eps", 1e-12))
+    def build(self, config: dict[str, Any], w: Weights) -> None:
+        act = activation(str(config.get("hidden_act", "silu")), self.family)
         theta = rope_parameters(config).get("rope_theta")
         if theta is None:  # transformers' defaults are filled in by registry.standard_config
             raise NotImplementedError(
                 f"{self.family}: a config without rope_theta is not supported"
             )
-        theta = float(theta)
-        self.register_buffer("inv_freq", rope_inv_freq(self.head_dim, theta, device))
-        names = _layout(source)
-        w = Weights(source, dtype, device)
+        self.register_buffer("inv_freq", rope_inv_freq(self.head_dim, float(theta), w.device))
+        names = _layout(w.source)
         self.register_buffer("word", w("embeddings.word_embeddings.weight"))
         types = w.optional("embeddings.token_type_embeddings.weight")
         self.register_buffer("type0", None if types is None else types[0])
@@ -188,12 +171,12 @@ class NomicBertEncoder(nn.Module):
             RotaryPostLnLayer(
                 w.under(names["layer"].format(i)), names, self.num_heads, self.eps, act
             )
-            for i in range(int(config["num_hidden_layers"]))
+            for i in range(self.shape.num_layers)
         )
 
     @classmethod
-    def check_supported(cls, config: dict[str, Any]) -> Activation:
-        """Refuse what the math here does not do; the MLP's activation otherwise."""
+    def check_supported(cls, config: dict[str, Any]) -> None:
+        """Refuse what the math here does not do (the MLP's activation included)."""
         check_default_rope(rope_parameters(config), cls.family)
         refused = {
             "prenorm": True,
@@ -215,15 +198,13 @@ class NomicBertEncoder(nn.Module):
                 )
         if config.get("moe_every_n_layers"):
             raise NotImplementedError(f"{cls.family}: mixture-of-experts layers are not supported")
-        return activation(str(config.get("hidden_act", "silu")), cls.family)
+        activation(str(config.get("hidden_act", "silu")), cls.family)
 
-    def use_kernels(self, kernels: str, exact_gelu: bool = False) -> str:
+    def select_kernels(self, kernels: str, exact_gelu: bool) -> str:
         """Run the layers through "fused" (Triton kernels; CUDA, or Triton's interpreter in
-        tests) or eager torch, which "compile" also gets (no compiled path here). Returns
-        the kernels in use. ``exact_gelu`` is BERT's: GeGLU's fused GELU is the erf form."""
-        check_kernels(kernels)
-        self.kernels = "fused" if kernels == "fused" else "torch"
-        return self.kernels
+        tests) or eager torch, which "compile" also gets (no compiled path here).
+        ``exact_gelu`` is BERT's: GeGLU's fused GELU is the erf form."""
+        return "fused" if kernels == "fused" else "torch"
 
     def forward(
         self, ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+if TYPE_CHECKING:
+    from mesh.worker.engine.models.base import PackedEncoder
 
 Family = Literal[
     "bert", "xlm-roberta", "mpnet", "qwen3", "qwen2", "mistral", "modernbert", "nomic", "gemma3"
@@ -177,7 +180,7 @@ def spec_for_family(family: str) -> FamilySpec:
     return _BY_FAMILY[family]
 
 
-def model_class(spec: FamilySpec) -> Any:
+def model_class(spec: FamilySpec) -> type[PackedEncoder]:
     """The family's model class (imports its module, and torch with it)."""
     module = importlib.import_module(f"mesh.worker.engine.models.{spec.module}")
-    return getattr(module, spec.cls)
+    return cast("type[PackedEncoder]", getattr(module, spec.cls))

@@ -19,22 +19,15 @@ from typing import Any
 import torch
 
 from mesh.worker.engine.models.bert import BertEncoder
-from mesh.worker.engine.weights import WeightSource
 
 
 class XLMRobertaEncoder(BertEncoder):
     family = "xlm-roberta"
 
-    def __init__(
-        self,
-        config: dict[str, Any],
-        source: WeightSource,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        causal: bool = False,
-    ) -> None:
-        super().__init__(config, source, dtype, device, causal)
-        self.pad = int(config.get("pad_token_id") if config.get("pad_token_id") is not None else 1)
+    @classmethod
+    def padding_index(cls, config: dict[str, Any]) -> int:
+        pad = config.get("pad_token_id")
+        return 1 if pad is None else int(pad)
 
     def position_ids(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         real = (ids != self.pad).long()

@@ -14,9 +14,9 @@ code); ``python -m mesh.worker.engine.convert_m3 DIR`` writes the ``sparse_linea
 (``weight [1, hidden]``, ``bias [1]``) that we do. Such a model serves its dense embeddings as
 any embedder and, in addition, the output kind "sparse" (``ModelCard.lexical``).
 
-On CUDA a batch that asks for lexical weights runs eagerly
-(:meth:`.gpu.GpuRunner.embed_with_hidden`): the graphs keep no hidden states. Its other groups
-still get their pooled vectors from the same forward. Not measured on a GPU yet.
+On CUDA a batch that asks for lexical weights runs eagerly (``RunnerInput.keep_hidden``,
+:meth:`..gpu.GpuRunner.forward`): the graphs keep no hidden states. Its other groups still
+get their pooled vectors from the same forward. Not measured on a GPU yet.
 """
 
 from __future__ import annotations

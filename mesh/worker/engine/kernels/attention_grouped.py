@@ -2,7 +2,7 @@
 Gemma 3's sliding windows): sequences sorted by length, padded into groups, one masked SDPA
 call per group and layer.
 
-Why not :class:`~mesh.worker.engine.attention.SdpaPerSequence` there: a loop of one SDPA
+Why not :class:`~mesh.worker.engine.kernels.attention.SdpaPerSequence` there: a loop of one SDPA
 call (and one mask) per sequence per layer is a few thousand small kernels a batch. On the
 H200 it ran those families at 8-14 thousand tokens/s (`bench/families.py`:
 ModernBERT-base 0.008 M tok/s, EmbeddingGemma-300m 0.008, MPNet-base 0.014; BERT-base on
@@ -11,7 +11,7 @@ batch costs a few calls per layer, its masks are built once per batch (per windo
 per bias), and padding stays within ``waste`` of the real tokens.
 
 Same contract as the other backends (``attention.py``): ``plan`` once per batch, ``run``
-per layer, ``takes_masks`` and ``takes_keys``. Not capturable in a CUDA graph (``plan``
+per layer; it takes keys, a bias and a window. Not capturable in a CUDA graph (``plan``
 reads the lengths on the host), so the batches that need masks still run eagerly (for
 ModernBERT and Gemma 3 only those holding a sequence longer than the local window:
 ``gpu.GpuRunner`` runs the others on FlashInfer and the graphs).
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mesh.worker.engine.attention import position_limits
+from mesh.worker.engine.kernels.attention import AttentionBackend, position_limits
 
 
 @dataclass
@@ -63,11 +63,12 @@ class _Group:
 NO_CUDNN = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
-class SdpaGrouped:
+class SdpaGrouped(AttentionBackend):
     """Length-sorted groups of padded sequences, one SDPA a group (see the module doc)."""
 
-    takes_masks = True
     takes_keys = True
+    takes_bias = True
+    takes_window = True
     backends: tuple[SDPBackend, ...] | None = NO_CUDNN  # see NO_CUDNN
 
     def __init__(self, max_group_tokens: int = 8192, waste: float = 1.25) -> None:
@@ -82,8 +83,10 @@ class SdpaGrouped:
         cu_seqlens: torch.Tensor,
         causal: bool,
         scale: float | None = None,
+        *,
         keys: np.ndarray | None = None,
     ) -> None:
+        self.check_keys(keys)
         self._causal, self._scale = causal, scale
         cu = cu_seqlens.tolist()  # one host sync per batch
         lens = [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
@@ -142,9 +145,11 @@ class SdpaGrouped:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        *,
         bias: torch.Tensor | None = None,
         window: int | None = None,
     ) -> torch.Tensor:
+        bias, window = self.masks(bias, window)
         out = torch.empty_like(q)
         gqa = q.shape[1] != k.shape[1]
         if self._groups and self._groups[0].index.device != q.device:

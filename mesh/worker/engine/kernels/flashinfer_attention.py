@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from mesh.env_knobs import switch_from_env
+from mesh.worker.engine.kernels.attention import AttentionBackend
 
 # FlashInfer's recommended float workspace (split-k partial results); one per wrapper.
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -81,7 +82,7 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
-class FlashInferRagged:
+class FlashInferRagged(AttentionBackend):
     """``AttentionBackend`` over FlashInfer fa2 ragged prefill.
 
     ``heads``: (query heads, key/value heads, head_dim) of the model. ``capacity``: None for
@@ -130,15 +131,17 @@ class FlashInferRagged:
         self._pdl = pdl_from_env()  # None: FlashInfer's default (on for sm90)
 
     takes_keys = True
-    # Set by gpu.GpuRunner for a windowed model's backends, which it plans only with batches
-    # no window cuts: attend() then runs a windowed layer as full attention (attention.py).
-    windows_covered = False
+    takes_bias = False
+    # A window only where gpu.GpuRunner sets windows_covered: it plans a windowed model's
+    # backends only with batches no window cuts, so run() drops the window (attention.py).
+    takes_window = False
 
     def plan(
         self,
         cu_seqlens: torch.Tensor,
         causal: bool,
         scale: float | None = None,
+        *,
         keys: np.ndarray | None = None,
     ) -> None:
         cu = cu_seqlens.to("cpu", torch.int32)
@@ -176,7 +179,17 @@ class FlashInferRagged:
         self._planned = torch.cuda.Event()
         self._planned.record()
 
-    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        bias: torch.Tensor | None = None,
+        window: int | None = None,
+    ) -> torch.Tensor:
+        if bias is not None or window is not None:
+            self.masks(bias, window)  # a covered window is dropped; the rest refused
         if self._key_rows is not None:
             k, v = k.index_select(0, self._key_rows), v.index_select(0, self._key_rows)
         if self._pdl is None:  # FlashInfer's default; run() takes enable_pdl from 0.2.7 on
@@ -184,7 +197,7 @@ class FlashInferRagged:
         return self.wrapper.run(q, k, v, enable_pdl=self._pdl)
 
 
-class TorchVarlen:
+class TorchVarlen(AttentionBackend):
     """``AttentionBackend`` over ``torch.nn.attention.varlen.varlen_attn`` (packed flash
     attention), for head dims FlashInfer does not take.
 
@@ -223,13 +236,15 @@ class TorchVarlen:
         self._key_rows: torch.Tensor | None = None
 
     takes_keys = True
-    windows_covered = False  # as FlashInferRagged's
+    takes_bias = False
+    takes_window = False  # as FlashInferRagged's
 
     def plan(
         self,
         cu_seqlens: torch.Tensor,
         causal: bool,
         scale: float | None = None,
+        *,
         keys: np.ndarray | None = None,
     ) -> None:
         cu = cu_seqlens.to("cpu", torch.int32)
@@ -250,7 +265,8 @@ class TorchVarlen:
             self._copied.synchronize()
             self._cu_host[: n + 1] = cu
             self._cu_host[n + 1 :] = cu[-1]
-            self._cu.copy_(self._cu_host, non_blocking=True)  # type: ignore[union-attr]
+            assert self._cu is not None  # allocated with the capacity
+            self._cu.copy_(self._cu_host, non_blocking=True)
             self._copied.record()
         else:
             self._cu = cu.to(self.device, non_blocking=True)  # cu is pinned staging (gpu.py)
@@ -263,7 +279,17 @@ class TorchVarlen:
             else:
                 self._kw["window_size"] = (-1, 0)
 
-    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        bias: torch.Tensor | None = None,
+        window: int | None = None,
+    ) -> torch.Tensor:
+        if bias is not None or window is not None:
+            self.masks(bias, window)  # a covered window is dropped; the rest refused
         if k.shape[1] != q.shape[1]:
             group = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)

@@ -35,8 +35,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from mesh.worker.engine.card import ModelCard, read_config
+from mesh.worker.engine.heads.pooling import segment_ids
+from mesh.worker.engine.models.base import PackedEncoder
 from mesh.worker.engine.models.registry import spec_for_config
-from mesh.worker.engine.pooling import segment_ids
 from mesh.worker.engine.st_config import Splade
 from mesh.worker.engine.weights import WeightSource
 
@@ -116,14 +117,14 @@ class SparseHead(nn.Module):
 
 
 def load_sparse_head(
-    model_dir: str | Path, card: ModelCard, model: nn.Module, device: torch.device
+    model_dir: str | Path, card: ModelCard, model: PackedEncoder, device: torch.device
 ) -> SparseHead:
     """The SPLADE head of a sparse model's card, with its checkpoint's weights in the model's
     dtype on ``device``; ValueError naming what is missing."""
     assert card.splade is not None
     config = read_config(model_dir)
     source = WeightSource(model_dir, spec_for_config(config).prefixes)
-    word = model.word  # type: ignore[attr-defined]  # BERT's word table (card: family bert)
+    word = model.word_table()  # the MLM decoder is tied to it
     return SparseHead(source, config, card.splade, word, model.dtype, device).eval()
 
 

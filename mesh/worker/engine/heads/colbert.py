@@ -27,7 +27,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from mesh.worker.engine.late_interaction import ColbertModel
+from mesh.worker.engine.heads.late_interaction import ColbertModel
 
 M3_HEAD = "colbert_linear"
 

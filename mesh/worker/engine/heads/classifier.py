@@ -2,7 +2,7 @@
 
 A classifier head is CLS pooling followed by Dense layers, so it reuses the embedding path
 (:mod:`.pooling`, :mod:`.dense`, on CPU and inside the CUDA graphs) with the checkpoint's own
-head weights:
+head weights (:func:`.dense.load_classifier` loads them; this module imports no torch):
 
 - ``BertForSequenceClassification``: the pooler, ``tanh(dense([CLS]))``, then ``classifier``,
   a linear layer to ``num_labels`` logits;
@@ -21,12 +21,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mesh.worker.engine.st_config import DenseLayer, StPipeline
-
-if TYPE_CHECKING:
-    import torch
 
 # Architecture -> (families it may come in, its head: (weight prefix, activation) per layer).
 _ROBERTA_HEAD = (("classifier.dense", "Tanh"), ("classifier.out_proj", "Identity"))
@@ -115,30 +112,3 @@ def _activation(model_dir: Path, config: dict[str, Any], labels: int) -> str:
             f"{', '.join(ACTIVATIONS)})"
         )
     return ACTIVATIONS[short]
-
-
-def load_classifier(
-    model_dir: str | Path, layers: list[DenseLayer], prefixes: tuple[str, ...],
-    device: torch.device,
-) -> torch.nn.Sequential:  # fmt: skip
-    """The head's layers as Dense modules (fp32 on ``device``) with the checkpoint's weights;
-    ValueError naming a missing one."""
-    import torch
-
-    from mesh.worker.engine.dense import Dense
-    from mesh.worker.engine.weights import WeightSource
-
-    source = WeightSource(model_dir, prefixes)
-    stack = torch.nn.Sequential()
-    for layer in layers:
-        module = Dense(layer)
-        try:
-            weights = {
-                f"linear.{part}": source.get(f"{layer.path}.{part}", torch.float32, "cpu")
-                for part in ("weight", "bias")
-            }
-            module.load_state_dict(weights)
-        except (KeyError, RuntimeError) as exc:
-            raise ValueError(f"classifier head {layer.path!r}: {exc}") from None
-        stack.append(module)
-    return stack.to(device=device, dtype=torch.float32).eval()

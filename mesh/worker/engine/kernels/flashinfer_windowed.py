@@ -44,11 +44,13 @@ import os
 import numpy as np
 import torch
 
-from mesh.worker.engine.flashinfer_attention import (
+from mesh.worker.engine.kernels.attention import AttentionBackend
+from mesh.worker.engine.kernels.flashinfer_attention import (
     FLASHINFER_HEAD_DIMS,
     WORKSPACE_BYTES,
     FlashInferRagged,
 )
+from mesh.worker.engine.models.base import PackedEncoder
 
 # Which backend runs a windowed model's batches that its window cuts: "flashinfer" (the
 # default: this module, where it applies) or "sdpa" (grouped SDPA, the path before it), to
@@ -90,15 +92,15 @@ def band_mask(
     return (diff <= window) & (diff >= (0 if causal else -window))
 
 
-class FlashInferWindowed:
-    """``AttentionBackend`` (``takes_masks``, windows only) over FlashInfer fa2 ragged
+class FlashInferWindowed(AttentionBackend):
+    """``AttentionBackend`` (a window, no bias, no keys) over FlashInfer fa2 ragged
     prefill for a model whose local layers all have the one ``window``; eager only. The
     global layers' plan uses ``workspace`` (the runner's, shared as its other wrappers share
     it); the masked plan gets one of its own."""
 
-    takes_masks = True
-    takes_keys = False
-    windows_covered = False  # the window is applied, not dropped (attend() passes it)
+    takes_keys = False  # grouped SDPA runs those batches
+    takes_bias = False
+    takes_window = True  # applied, never dropped: windows_covered stays False
 
     def __init__(
         self,
@@ -128,10 +130,10 @@ class FlashInferWindowed:
         cu_seqlens: torch.Tensor,
         causal: bool,
         scale: float | None = None,
+        *,
         keys: np.ndarray | None = None,
     ) -> None:
-        if keys is not None:
-            raise ValueError("FlashInferWindowed takes no keys= (grouped SDPA runs those)")
+        self.check_keys(keys)
         self.full.plan(cu_seqlens, causal, scale)
         cu = cu_seqlens.to("cpu", torch.int64)
         lengths = cu[1:] - cu[:-1]
@@ -163,11 +165,12 @@ class FlashInferWindowed:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        *,
         bias: torch.Tensor | None = None,
         window: int | None = None,
     ) -> torch.Tensor:
         if bias is not None:
-            raise ValueError("FlashInferWindowed takes no attention bias")
+            self.refuse("attention bias")
         if window is None:
             return self.full.run(q, k, v)
         if window != self.window:
@@ -175,31 +178,20 @@ class FlashInferWindowed:
         return self.banded.run(q, k, v)
 
 
-def single_window(model: torch.nn.Module) -> int | None:
-    """The one window all of ``model``'s local layers have (each layer's ``window``, None on a
-    global one); None for a model without windows, with a bias (no ``mask_free_length``:
-    MPNet) or with windows of several sizes (a mask each: not built)."""
-    if getattr(model, "mask_free_length", None) is None:
-        return None
-    layers = getattr(model, "layers", ())
-    windows = {layer.window for layer in layers if getattr(layer, "window", None) is not None}
-    return windows.pop() if len(windows) == 1 else None
-
-
 def windowed_backend(
-    model: torch.nn.Module,
+    model: PackedEncoder,
     heads: tuple[int, int, int],
     dtype: torch.dtype,
     device: torch.device,
     workspace: torch.Tensor | None = None,
 ) -> FlashInferWindowed | None:
     """The backend for ``model``'s batches its window cuts, or None where grouped SDPA keeps
-    them: ``EMBEDMESH_WINDOW_MASK=sdpa``, no single window (:func:`single_window`), or a
+    them: ``EMBEDMESH_WINDOW_MASK=sdpa``, no single window (``model.single_window``), or a
     head_dim outside ``WINDOWED_HEAD_DIMS``."""
     choice = os.environ.get(WINDOW_MASK_ENV, "flashinfer")
     if choice not in WINDOW_MASK_CHOICES:
         raise ValueError(f"{WINDOW_MASK_ENV}={choice!r}: one of {WINDOW_MASK_CHOICES}")
-    window = single_window(model)
+    window = model.single_window
     if choice == "sdpa" or window is None or heads[2] not in WINDOWED_HEAD_DIMS:
         return None
     return FlashInferWindowed(heads, dtype, device, window, workspace)

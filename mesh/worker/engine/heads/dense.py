@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from mesh.worker.engine.card import DenseLayer
+from mesh.worker.engine.st_config import DenseLayer
+from mesh.worker.engine.weights import WeightSource
 
 _ACTIVATIONS: dict[str, type[torch.nn.Module]] = {
     "Identity": torch.nn.Identity,
@@ -66,5 +67,27 @@ def load_dense(
             module.load_state_dict(load_file(str(weights)))
         except RuntimeError as exc:  # missing, unexpected or misshapen tensors
             raise ValueError(f"Dense module {layer.path!r}: {exc}") from None
+        stack.append(module)
+    return stack.to(device=device, dtype=torch.float32).eval()
+
+
+def load_classifier(
+    model_dir: str | Path, layers: list[DenseLayer], prefixes: tuple[str, ...],
+    device: torch.device,
+) -> torch.nn.Sequential:  # fmt: skip
+    """A cross-encoder's head (:mod:`.classifier` reads which layers) as Dense modules (fp32
+    on ``device``) with the checkpoint's own weights; ValueError naming a missing one."""
+    source = WeightSource(model_dir, prefixes)
+    stack = torch.nn.Sequential()
+    for layer in layers:
+        module = Dense(layer)
+        try:
+            weights = {
+                f"linear.{part}": source.get(f"{layer.path}.{part}", torch.float32, "cpu")
+                for part in ("weight", "bias")
+            }
+            module.load_state_dict(weights)
+        except (KeyError, RuntimeError) as exc:
+            raise ValueError(f"classifier head {layer.path!r}: {exc}") from None
         stack.append(module)
     return stack.to(device=device, dtype=torch.float32).eval()

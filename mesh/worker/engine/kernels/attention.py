@@ -15,21 +15,26 @@ the only seam between the CPU path and the GPU path:
   Tokens of one sequence attend only to tokens of the same sequence (and, when causal, to
   those not after themselves).
 
-A backend with ``takes_masks`` also takes ``run(q, k, v, bias=..., window=...)``: an additive
-relative-position ``bias`` ``[Hq, L, L]`` of which each sequence adds its top-left
-``[Hq, l, l]`` to the scaled scores (MPNet), and a sliding ``window`` (a token sees keys at
-most ``window`` positions away; ModernBERT's local layers). The SDPA backends take both,
-``flashinfer_windowed.FlashInferWindowed`` a window; the models that need them say so
-(``needs_masks``) and run on one. A window changes
-nothing for a sequence of at most ``window + 1`` tokens (:func:`sequence_mask`), so a model
-with windows and no bias also says how long a sequence may be and need no mask
-(``mask_free_length``, from :func:`mask_free_length`). A backend with a true
-``windows_covered`` runs a windowed layer as full attention: ``gpu.GpuRunner`` marks the
-mask-free backends it plans only with batches whose every sequence is that short.
+Every backend declares, as class attributes, what it honours of the rest, and refuses by
+name (ValueError naming the argument and the backend) what it does not; the runner picks a
+backend by these declarations:
 
-A backend with ``takes_keys`` also takes ``plan(..., keys=...)``: int ``[n]``, how many
-leading tokens of each sequence are keys (a ColBERT query's [MASK] expansion, which no token
-attends to, comes last: ``late_interaction.key_lengths``); every token is still a query.
+- ``takes_bias``: ``run(..., bias=)``, an additive relative-position bias ``[Hq, L, L]`` of
+  which each sequence adds its top-left ``[Hq, l, l]`` to the scaled scores (MPNet);
+- ``takes_window``: ``run(..., window=)``, a sliding window (a token sees keys at most
+  ``window`` positions away; ModernBERT's and Gemma 3's local layers);
+- ``takes_keys``: ``plan(..., keys=)``, int ``[n]``, how many leading tokens of each
+  sequence are keys (a ColBERT query's [MASK] expansion, which no token attends to, comes
+  last: ``late_interaction.key_lengths``); every token is still a query;
+- ``windows_covered`` (an instance attribute, False by default): the backend is planned
+  only with batches no window cuts, so it runs a windowed layer as full attention, exact
+  there. A window changes nothing for a sequence of at most ``window + 1`` tokens
+  (:func:`sequence_mask`), so a model with windows and no bias says how long a sequence may
+  be and need no mask (``mask_free_length``, from :func:`mask_free_length`);
+  ``gpu.GpuRunner`` sets it on the mask-free backends it plans only with such batches.
+
+The SDPA backends take all three; ``flashinfer_windowed.FlashInferWindowed`` a window;
+FlashInfer's plain backend and torch's varlen keys only.
 
 A FlashInfer backend (GPU) implements the same two calls; it must keep ``plan`` free of
 device-to-host syncs after the first call per token bucket so that CUDA graphs can be
@@ -38,25 +43,80 @@ captured around ``run``. This module never imports flashinfer.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from typing import Protocol
+from typing import ClassVar, NoReturn
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+# What every backend states, as class attributes (see the module docstring).
+DECLARATIONS = ("takes_keys", "takes_bias", "takes_window")
 
-class AttentionBackend(Protocol):
-    def plan(self, cu_seqlens: torch.Tensor, causal: bool, scale: float | None = None) -> None:
+
+class AttentionBackend(ABC):
+    """What every attention backend is; see the module docstring."""
+
+    takes_keys: ClassVar[bool]
+    takes_bias: ClassVar[bool]
+    takes_window: ClassVar[bool]
+    # Set by the runner on a backend it plans only with batches no window cuts.
+    windows_covered: bool = False
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        missing = [d for d in DECLARATIONS if not hasattr(cls, d)]
+        if missing:
+            raise TypeError(f"attention backend {cls.__name__} does not declare {missing}")
+
+    @abstractmethod
+    def plan(
+        self,
+        cu_seqlens: torch.Tensor,
+        causal: bool,
+        scale: float | None = None,
+        *,
+        keys: np.ndarray | None = None,
+    ) -> None:
         """Prepare for one packed batch; called once before the layers run."""
-        ...
 
-    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    @abstractmethod
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        bias: torch.Tensor | None = None,
+        window: int | None = None,
+    ) -> torch.Tensor:
         """Attention of one layer: ``[T, Hq, D], [T, Hkv, D], [T, Hkv, D] -> [T, Hq, D]``."""
-        ...
+
+    def refuse(self, argument: str) -> NoReturn:
+        raise ValueError(f"{type(self).__name__} takes no {argument}")
+
+    def check_keys(self, keys: np.ndarray | None) -> None:
+        """For ``plan``: refuse ``keys`` where the backend does not take them."""
+        if keys is not None and not self.takes_keys:
+            self.refuse("keys= (a query's expansion left out of the keys)")
+
+    def masks(
+        self, bias: torch.Tensor | None, window: int | None
+    ) -> tuple[torch.Tensor | None, int | None]:
+        """For ``run``: the bias and window this backend applies (a covered window dropped);
+        refuses by name what it does not take."""
+        if bias is not None and not self.takes_bias:
+            self.refuse("attention bias")
+        if window is not None:
+            if self.windows_covered:
+                return bias, None  # planned only with sequences the window does not cut
+            if not self.takes_window:
+                self.refuse("attention window")
+        return bias, window
 
 
-class SdpaPerSequence:
+class SdpaPerSequence(AttentionBackend):
     """CPU backend: one ``scaled_dot_product_attention`` call per sequence. (On CUDA the
     models that need masks run ``attention_grouped.SdpaGrouped`` instead: see there why.)
 
@@ -69,8 +129,9 @@ class SdpaPerSequence:
     work is spent on padding. Attention is ~16 % of the forward at these lengths; GEMMs are ~70 %.
     """
 
-    takes_masks = True
     takes_keys = True
+    takes_bias = True
+    takes_window = True
 
     def __init__(self) -> None:
         self._bounds: list[tuple[int, int, int]] = []
@@ -82,8 +143,10 @@ class SdpaPerSequence:
         cu_seqlens: torch.Tensor,
         causal: bool,
         scale: float | None = None,
+        *,
         keys: np.ndarray | None = None,
     ) -> None:
+        self.check_keys(keys)
         # One host sync per batch, not per layer.
         cu = cu_seqlens.tolist()
         n = len(cu) - 1
@@ -101,9 +164,11 @@ class SdpaPerSequence:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        *,
         bias: torch.Tensor | None = None,
         window: int | None = None,
     ) -> torch.Tensor:
+        bias, window = self.masks(bias, window)
         out = torch.empty_like(q)
         gqa = q.shape[1] != k.shape[1]
         for start, end, keys_end in self._bounds:
@@ -139,7 +204,8 @@ def sequence_mask(
         return None  # no window cuts it: is_causal (or nothing) says it all
     allowed = position_limits(n, causal, window, device)
     if bias is None:
-        return allowed[None, None]  # type: ignore[index]
+        assert allowed is not None  # the window cuts this sequence (checked above)
+        return allowed[None, None]
     scores = bias[:, :n, :n]
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
