@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from bench.shapes import bert_base_dir, qwen3_dir
+from mesh.worker.engine.card import default_model_path
 from mesh.worker.engine.engine import Engine
 
 transformers = pytest.importorskip("transformers")
 
-MINILM_DIR = Path(__file__).resolve().parents[2] / ".carry" / "minilm"
+MINILM_DIR = default_model_path()  # the embedded all-MiniLM-L6-v2
 LENGTHS = [1, 2, 7, 16, 33, 64, 130, 257, 512, 3, 100, 8]
 
 
@@ -98,8 +99,6 @@ def test_qwen3_shape_bidirectional_mean_matches_transformers(tmp_path) -> None:
 
 
 def test_real_minilm_with_head_dim_32_matches_transformers() -> None:
-    if not (MINILM_DIR / "model.safetensors").is_file():
-        pytest.skip(f"{MINILM_DIR} not present (fp16 copy made for the GPU machine)")
     engine = Engine.load(MINILM_DIR, device="cuda")
     assert engine.runner is not None and engine.runner.heads == (12, 12, 32)
     seqs = [

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from bench.shapes import bert_base_dir
+from mesh.worker.engine.card import default_model_path
 from mesh.worker.engine.engine import Engine
 from mesh.worker.live_lane import LiveLane
 from mesh.worker.server import INLINE_MAX_TOKENS
 
-MINILM_DIR = Path(__file__).resolve().parents[2] / ".carry" / "minilm"
+MINILM_DIR = default_model_path()  # the embedded all-MiniLM-L6-v2
 # Every graph bucket up to the lane's 1,024 tokens: all captured at start.
 LANE_BUCKETS = [16, 32, 64, 128, 256, 320, 384, 448, 512, 640, 768, 896, 1024]
 

@@ -5,17 +5,17 @@ timings."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 
+from mesh.worker.engine.card import default_model_path
 from mesh.worker.engine.engine import Engine
 from mesh.worker.engine.outputs import finalize
+from mesh.worker.engine.runner import EngineBatch, EngineOutputs
 from mesh.worker.pipeline import ResultPipeline
 from proto_msgs import BatchAssign, OutputOptions
 
-MINILM_DIR = Path(__file__).resolve().parents[2] / ".carry" / "minilm"
+MINILM_DIR = default_model_path()  # the embedded all-MiniLM-L6-v2
 
 
 def _batch(batch_id: int, seed: int, n: int, outputs: list[OutputOptions]) -> BatchAssign:
@@ -87,13 +87,13 @@ def test_an_idle_cuda_worker_answers_queries_on_its_link_thread_with_the_same_ve
     engine = Engine.load(MINILM_DIR, device="cuda")
     engine.warmup([16, 64])
     threads: list[str] = []
-    embed = engine.embed
+    run = engine.run
 
-    def spy(ids: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
+    def spy(batch: EngineBatch) -> EngineOutputs:
         threads.append(threading.current_thread().name)
-        return embed(ids, offsets)
+        return run(batch)
 
-    engine.embed = spy  # type: ignore[method-assign]
+    engine.run = spy  # type: ignore[method-assign]
     card = engine.card
     info = ModelInfo(
         "m", [], card.dims, card.max_input_tokens, engine.vocab_size, "mean", True, "0" * 64
