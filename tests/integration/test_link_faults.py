@@ -178,7 +178,7 @@ async def test_a_client_fails_its_requests_at_once_when_its_broker_link_closes(
     mesh = Mesh(tmp_path, transport="tcp")
     try:
         mesh.start_broker("--orphan-grace", "60")
-        mesh.start_worker("--test-hang-after", "0")  # nothing completes: requests stay pending
+        mesh.start_worker(hang_after=0)  # nothing completes: requests stay pending
         front = proxies(mesh.frontend)
         async with MeshClient(front.endpoint, liveness=SLOW_LIVENESS) as client:
             await wait_for_workers(client, 1)
