@@ -274,9 +274,7 @@ class SqlStore:
     ) -> Batch:
         """Validated: cut the work into ``chunks`` and run it (validating -> in_progress)."""
         with self._tx() as tx:
-            batch = self._batch(tx, batch_id, lock=True)
-            if batch.status != BatchStatus.VALIDATING:
-                raise Conflict(f"batch {batch_id!r} is {batch.status}, not validating")
+            self._lock_validating(tx, batch_id)
             tx.many(
                 "INSERT INTO chunks (batch_id, chunk_no, first_line, end_line, byte_start,"
                 " byte_end) VALUES (?, ?, ?, ?, ?, ?)",
@@ -295,12 +293,16 @@ class SqlStore:
         # No lines: nothing will ever complete a chunk of it, so it ends here.
         return started if chunks else self.finalize(batch_id)
 
+    def _lock_validating(self, tx: Tx, batch_id: str) -> None:
+        """Lock the batch's row; Conflict unless it is still validating."""
+        batch = self._batch(tx, batch_id, lock=True)
+        if batch.status != BatchStatus.VALIDATING:
+            raise Conflict(f"batch {batch_id!r} is {batch.status}, not validating")
+
     def fail_batch(self, batch_id: str, errors: Sequence[BatchError]) -> Batch:
         """Validation failed (validating -> failed), with OpenAI's ``errors`` list."""
         with self._tx() as tx:
-            batch = self._batch(tx, batch_id, lock=True)
-            if batch.status != BatchStatus.VALIDATING:
-                raise Conflict(f"batch {batch_id!r} is {batch.status}, not validating")
+            self._lock_validating(tx, batch_id)
             tx.q(
                 "UPDATE batches SET status = ?, failed_at = ?, errors = ?, owner = NULL,"
                 " lease_expires_at = NULL WHERE id = ?",
