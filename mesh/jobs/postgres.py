@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from mesh.jobs.blobs import BlobStore
-from mesh.jobs.schema import ddl
+from mesh.jobs.schema import ddl, objects
 from mesh.jobs.sql import Tx
 from mesh.jobs.work import SqlJobStore
 
@@ -60,11 +60,24 @@ class PostgresJobStore(SqlJobStore):
         try:
             with self._tx() as tx:
                 tx.q("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
-                for statement in ddl("BIGSERIAL PRIMARY KEY"):
-                    tx.q(statement)
+                # Only when something is missing: CREATE INDEX IF NOT EXISTS takes its table's
+                # SHARE lock before it looks, and a store opening beside running commits
+                # would deadlock with them.
+                if not self._has_schema(tx):
+                    for statement in ddl("BIGSERIAL PRIMARY KEY"):
+                        tx.q(statement)
         except BaseException:
             self._conn.close()  # a store that failed to open keeps no connection
             raise
+
+    @staticmethod
+    def _has_schema(tx: Tx) -> bool:
+        names = objects()
+        found = tx.scalar(
+            "SELECT COUNT(*) FROM unnest(?::text[]) AS n WHERE to_regclass(n) IS NOT NULL",
+            (names,),
+        )
+        return found == len(names)
 
     def _connect(self) -> Any:
         return self._psycopg.connect(self._url, autocommit=True, row_factory=_row_factory)

@@ -7,6 +7,8 @@ are dropped when the batch ends: its output file holds what they pointed at).
 
 from __future__ import annotations
 
+import re
+
 TABLES = (
     """CREATE TABLE IF NOT EXISTS files (
         seq {serial},
@@ -73,6 +75,11 @@ TABLES = (
         PRIMARY KEY (batch_id, line_no)
     )""",
 )
+
+
+def objects() -> list[str]:
+    """The name of every table and index ``TABLES`` creates, in order."""
+    return [re.search(r"IF NOT EXISTS (\w+)", t).group(1) for t in TABLES]  # type: ignore[union-attr]
 
 
 def ddl(serial: str) -> list[str]:

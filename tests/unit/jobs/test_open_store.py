@@ -72,3 +72,33 @@ def test_a_store_that_fails_to_open_closes_its_connection(
         SqliteJobStore(tmp_path)
     with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         made[0].execute("SELECT 1")
+
+
+def test_a_postgres_store_opens_beside_an_uncommitted_write(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """A process opening its store while another is mid-commit takes no table lock the commit
+    holds: ``CREATE INDEX IF NOT EXISTS`` would wait for it (and deadlock with it once the
+    commit reached for a table the opener held)."""
+    import threading
+
+    import psycopg
+
+    url = postgres_server.create_database()
+    open_store(tmp_path, url).close()
+    with psycopg.connect(url) as writer:  # a transaction, left open
+        writer.execute("UPDATE chunks SET owner = 'x' WHERE batch_id = 'none'")
+        writer.execute(
+            "INSERT INTO batches (id, endpoint, input_file_id, completion_window,"
+            " status, created_at, expires_at) VALUES ('b', 'e', 'f', '24h', 's', 0, 0)"
+        )
+        opened: list[Any] = []
+        opener = threading.Thread(target=lambda: opened.append(open_store(tmp_path, url)))
+        opener.start()
+        opener.join(timeout=30)
+        try:
+            assert not opener.is_alive(), "opening the store waited on another's transaction"
+        finally:
+            writer.rollback()
+            opener.join()
+    opened[0].close()
