@@ -314,6 +314,7 @@ def bench_mesh(
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
         log.close()
 
 
