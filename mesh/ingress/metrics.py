@@ -1,8 +1,9 @@
 """Prometheus metrics of the ingress (``GET /metrics``): one registry, however many processes.
 
-Request-side series are counted as requests pass; broker-side series (queue depth, queued
-tokens, workers per model, liveness) are read at scrape time from the Pong stats the client
-keeps for each broker, so a scrape always shows the latest heartbeat's view.
+Request-side series are counted as requests pass; broker-side series (queues by model and
+lane, work done, queue waits, batch fill, each worker's state, the links' liveness) are read at
+scrape time from the Pong stats the client keeps for each broker, so a scrape always shows the
+latest heartbeat's view (``mesh.ingress.broker_metrics``).
 
 Results carry how long their sequences waited in the broker's queue and the compute time of the
 batches that carried them: ``queue_duration`` and ``inference_duration``, beside
@@ -30,14 +31,12 @@ process) the registry lives in memory, as it always did.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.registry import Collector
 
 from mesh.client import MeshClient
+from mesh.ingress.broker_metrics import BrokerCollector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # prometheus_client picks its value store when it is imported: files under this directory when
@@ -117,51 +116,3 @@ class IngressMetrics:
     def render(self) -> bytes:
         self.publish()
         return generate_latest(self.exposed)
-
-
-class BrokerCollector(Collector):
-    """Gauges from each broker's latest Pong stats, as this process's links see them."""
-
-    def __init__(self, client: MeshClient) -> None:
-        self.client = client
-
-    def describe(self) -> list[Metric]:
-        return []  # series are only known at scrape time
-
-    def collect(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily(
-            "embedmesh_broker_up", "1 when the broker answers.", labels=["broker"]
-        )
-        inflight = GaugeMetricFamily(
-            "embedmesh_broker_inflight_batches", "Batches dispatched to workers, not returned.",
-            labels=["broker"],
-        )  # fmt: skip
-        dropped = GaugeMetricFamily(
-            "embedmesh_broker_dropped_frames", "Malformed messages the broker dropped.",
-            labels=["broker"],
-        )  # fmt: skip
-        per_model = {
-            "queued_tokens": GaugeMetricFamily(
-                "embedmesh_broker_queued_tokens", "Tokens waiting in the broker's queue.",
-                labels=["broker", "model"],
-            ),
-            "queued_sequences": GaugeMetricFamily(
-                "embedmesh_broker_queued_sequences", "Sequences waiting in the broker's queue.",
-                labels=["broker", "model"],
-            ),
-            "workers": GaugeMetricFamily(
-                "embedmesh_broker_workers", "Workers serving the model.", labels=["broker", "model"]
-            ),
-        }  # fmt: skip
-        for broker in self.client.brokers:
-            ep = broker.endpoint
-            up.add_metric([ep], 1.0 if broker.alive else 0.0)
-            stats = broker.stats
-            if not broker.alive or stats is None:
-                continue
-            inflight.add_metric([ep], stats.inflight_batches)
-            dropped.add_metric([ep], stats.dropped_frames)
-            for attr, family in per_model.items():
-                for model, value in getattr(stats, attr).items():
-                    family.add_metric([ep, model], value)
-        yield from (up, inflight, dropped, *per_model.values())
