@@ -9,7 +9,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,7 +37,7 @@ def _status(ingress: Ingress, path: str) -> tuple[int, dict]:
     return code, json.loads(body)
 
 
-def _until(check, timeout_s: float, what: str, mesh: Mesh) -> None:  # noqa: ANN001
+def _until(check: Callable[[], bool], timeout_s: float, what: str, mesh: Mesh) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
