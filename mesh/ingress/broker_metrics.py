@@ -4,8 +4,9 @@ The broker has no HTTP: every heartbeat interval each ingress process pings each
 linked to, and the Pong carries ``BrokerStats`` (queues by model and lane, counters of the work
 done, queue-wait histograms, batch fill, each worker's state). A scrape turns the latest one
 into series; it costs no broker round trip and nothing on a request's path. The values are at
-most one heartbeat interval old. A broker that is down shows ``embedmesh_broker_up 0`` and its
-link's figures (last seen, failovers), but no queue series: what it last said is no longer true.
+most one heartbeat interval old. A broker that is down shows ``embedmesh_broker_up 0`` and when
+it was last seen, but no queue series: what it last said is no longer true. (The links'
+failovers are a counter of ``IngressMetrics``, summed over the ingress processes.)
 
 Counters (``*_total``, the histogram) are the broker's since it started; a restarted broker
 starts them again, which ``rate()`` reads as the reset it is. Worker series carry the worker's
@@ -69,11 +70,6 @@ class _Families:
         self.up = _gauge("embedmesh_broker_up", "1 when the broker answers.")
         self.last_seen = _gauge(
             "embedmesh_broker_last_seen_seconds", "Seconds since the broker last sent anything."
-        )
-        self.failovers = _counter(
-            "embedmesh_broker_failovers",
-            "Times this ingress process lost the broker or found it restarted (its pending "
-            "requests failed over).",
         )
         self.inflight = _gauge(
             "embedmesh_broker_inflight_batches", "Batches dispatched to workers, not returned."
@@ -155,7 +151,6 @@ class _Families:
         ago = link.heard_ago()
         if ago is not None:
             self.last_seen.add_metric([ep], ago)
-        self.failovers.add_metric([ep], link.failovers)
 
     def add_stats(self, ep: str, stats: BrokerStats) -> None:
         self.inflight.add_metric([ep], stats.inflight_batches)
@@ -191,7 +186,6 @@ class _Families:
     def all(self) -> Iterator[Metric]:
         yield self.up
         yield self.last_seen
-        yield self.failovers
         yield self.inflight
         yield self.dropped
         yield from self.per_model.values()

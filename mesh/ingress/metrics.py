@@ -23,7 +23,8 @@ only that process's series, and the series would multiply with N and with every 
 Broker gauges describe the broker, the same whichever process reads them; the answering process
 reports its own links' view (as ``/health`` does). The one gauge that belongs to each process,
 ``embedmesh_broker_outstanding_tokens``, is a ``livesum`` gauge: each process refreshes its
-share every second and on a scrape, and the parent calls ``mark_process_dead`` when a child
+share every second and on a scrape (and adds its links' failovers to
+``embedmesh_broker_failovers``, a counter summed like the request counters), and the parent calls ``mark_process_dead`` when a child
 exits so that a dead process's share leaves the sum. Without ``PROMETHEUS_MULTIPROC_DIR`` (one
 process) the registry lives in memory, as it always did.
 """
@@ -99,6 +100,15 @@ class IngressMetrics:
             "Tokens the ingress processes have submitted to the broker and not had back.",
             ["broker"], multiprocess_mode="livesum", registry=r,
         )  # fmt: skip
+        # A counter of every process (a link's own count, added as it grows): summed over the
+        # processes, exited ones included, so a scrape reaching any process reads one total.
+        self.failovers = Counter(
+            "embedmesh_broker_failovers",
+            "Times an ingress process lost the broker or found it restarted (its pending "
+            "requests failed over).",
+            ["broker"], registry=r,
+        )  # fmt: skip
+        self._failovers_seen: dict[str, int] = {}
         # What a scrape reads: this registry alone, or every process's files merged.
         self.exposed = r
         if (path := multiprocess_dir()) is not None:
@@ -108,10 +118,15 @@ class IngressMetrics:
             self.exposed.register(BrokerCollector(client))
 
     def publish(self) -> None:
-        """Write this process's outstanding tokens per broker (its share of the sum)."""
+        """Write this process's outstanding tokens per broker (its share of the sum), and add
+        its links' failovers since the last call."""
         if self.client is not None:
             for broker in self.client.brokers:
-                self.outstanding.labels(broker.endpoint).set(broker.outstanding_tokens)
+                ep = broker.endpoint
+                self.outstanding.labels(ep).set(broker.outstanding_tokens)
+                new = broker.failovers - self._failovers_seen.get(ep, 0)
+                self.failovers.labels(ep).inc(max(0, new))
+                self._failovers_seen[ep] = broker.failovers
 
     def render(self) -> bytes:
         self.publish()
