@@ -37,6 +37,7 @@ from proto_msgs import limits
 from proto_msgs.codec import Message, register
 from proto_msgs.errors import ErrorCode, ProtocolError
 from proto_msgs.small_arrays import SMALL, bounds, least
+from proto_msgs.stats import ModelStats, WorkerStats
 
 # Output kinds a worker can produce; the dtype each travels as.
 OUTPUT_KINDS: dict[str, str] = {
@@ -231,6 +232,10 @@ class BrokerStats:
     # before tokenizing, a request that would end past its deadline (the broker would refuse it).
     backlog_s: dict[str, list[float]] = field(default_factory=dict)
     drain_rate: dict[str, float] = field(default_factory=dict)  # tokens/s of its workers
+    # Per model: its lanes, batches and backlog in seconds (proto_msgs.stats); and each
+    # worker, live or recently gone. For /metrics and /health.
+    models: dict[str, ModelStats] = field(default_factory=dict)
+    worker_list: list[WorkerStats] = field(default_factory=list)
 
 
 def _rises(values: np.ndarray, last: int) -> bool:

@@ -27,6 +27,8 @@ class WorkerState:
     rate: float = 0.0  # tokens per second of compute on its large batches; 0 while unknown
     live_credits: int = 0  # of credits, those kept for its live lane (WorkerReady); 0: none
     live_tokens: int = 0  # the largest batch its live lane runs
+    batches_done: int = 0  # results it returned (mesh.broker.stats counts them)
+    tokens_done: int = 0
 
     def note_compute(self, tokens: int, compute_ms: float) -> None:
         """Learn the worker's rate from a batch's result (large batches only: see config)."""

@@ -23,6 +23,7 @@ from mesh.broker.inflight import InFlight, InFlightBatch
 from mesh.broker.links import LinkWatch
 from mesh.broker.queue import FormedBatch, Overloaded, Queue, Request, RequestTooLarge
 from mesh.broker.registry import Registry, WorkerState
+from mesh.broker.stats import StatsBook
 from mesh.broker.trust import PeerWarnings, card_differences
 from mesh.config import (
     AGING_S,
@@ -112,6 +113,7 @@ class Broker:
         self._arrived = 0.0  # perf_counter when the message being handled was received
         self._frame: Any = None  # the first frame of that message (its connection: LinkWatch)
         self.links = LinkWatch()
+        self.book = StatsBook()  # counters and gone workers, for the Pong's stats
         self.instance = secrets.randbits(63)
 
     def stop(self) -> None:
@@ -226,7 +228,7 @@ class Broker:
             self.queue.cancel((identity, msg.cid))
         elif isinstance(msg, Ping):
             self._send_front(
-                identity, Pong(cid=msg.cid, instance=self.instance, stats=self.stats())
+                identity, Pong(cid=msg.cid, instance=self.instance, stats=self.stats(now))
             )
         elif isinstance(msg, CatalogRequest):
             self._send_front(identity, CatalogReply(cid=msg.cid, models=self.registry.catalog()))
@@ -342,6 +344,9 @@ class Broker:
         worker.free -= 1
         send_frames(self.back, [worker.identity, *encode(batch.plan.message)])
         batch.sent_at = time.perf_counter()
+        self.book.dispatched(
+            worker.model.name, formed.slices, formed.tokens, worker.max_batch_tokens, now
+        )
 
     # ---- backend ------------------------------------------------------------------------------
 
@@ -389,6 +394,7 @@ class Broker:
         if former is not None:
             self._bury(former, "its connection closed", now, tell=False)
         self._orphaned_since.pop(worker.model.name, None)
+        self.book.came_up(worker)
         log.info(
             "worker %s ready: %s on %s, %d credits, %d tokens/batch",
             worker.name,
@@ -446,6 +452,7 @@ class Broker:
             for piece, chunk in chunks:
                 self._send_front(piece.request.key[0], chunk)
                 self.queue.complete(piece.request, piece.end - piece.start)
+            self.book.completed(worker, batch.slices, batch.tokens)
         self._dispatch(worker.model.name, now)
 
     def _on_batch_error(self, worker: WorkerState, msg: BatchError, now: float) -> None:
@@ -506,6 +513,7 @@ class Broker:
         if worker is None:
             return
         batches = self.inflight.remove_worker(identity)
+        self.book.went_down(worker, why, now)
         log.log(
             level, "worker %s removed (%s); requeueing %d batches", worker.name, why, len(batches)
         )
@@ -544,15 +552,6 @@ class Broker:
 
     # ---- stats --------------------------------------------------------------------------------
 
-    def stats(self) -> BrokerStats:
-        models = set(self.queue.models()) | {w.model.name for w in self.registry.workers.values()}
-        rates = {m: r for m in models if (r := self.registry.drain_rate(m)) > 0.0}
-        return BrokerStats(
-            queued_tokens={m: self.queue.queued_tokens(m) for m in models},
-            queued_sequences={m: self.queue.queued_sequences(m) for m in models},
-            workers={m: self.registry.count(m) for m in models},
-            inflight_batches=len(self.inflight),
-            dropped_frames=self.dropped,
-            backlog_s={m: list(self.queue.backlog_s(m, rates[m])) for m in rates},
-            drain_rate=rates,
-        )
+    def stats(self, now: float | None = None) -> BrokerStats:
+        now = time.monotonic() if now is None else now
+        return self.book.snapshot(self.queue, self.registry, self.inflight, self.dropped, now)

@@ -219,6 +219,8 @@ class BrokerConnection:
         self.alive = False
         self.outstanding_tokens = 0
         self.dropped = 0
+        # Times this link lost its broker or found it restarted (its requests failed over).
+        self.failovers = 0
         self._last_heard = 0.0
         # A plain socket read from the loop's reader callback (``_on_readable``): the results
         # come out of the socket, are decoded and resolve their futures in one callback, where
@@ -456,6 +458,14 @@ class BrokerConnection:
         else:
             self.dropped += 1
 
+    def sound(self) -> bool:
+        """False once the pinger ended (it only ends on close or a bug): the link is dead."""
+        return not any(task.done() for task in self._tasks)
+
+    def heard_ago(self) -> float | None:
+        """Seconds since this broker last sent anything; None if it never did."""
+        return time.monotonic() - self._last_heard if self._last_heard else None
+
     def _heard(self) -> None:
         self._last_heard = time.monotonic()
         if not self.alive:
@@ -482,6 +492,7 @@ class BrokerConnection:
     def _restarted(self) -> None:
         """The broker restarted within the liveness window: what it held is gone."""
         log.warning("broker %s restarted: failing its requests", self.endpoint)
+        self.failovers += 1
         self.models = []
         self.catalog_known = False
         self._fail_all(Unavailable(f"the broker at {self.endpoint} restarted; retry"))
@@ -490,6 +501,7 @@ class BrokerConnection:
 
     def _lost(self, why: str = "silent") -> None:
         log.warning("broker %s lost (%s): failing its requests", self.endpoint, why)
+        self.failovers += 1
         self.alive = False
         self._alive_event.clear()
         self.models = []

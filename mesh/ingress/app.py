@@ -23,12 +23,13 @@ Every embedding response also carries TEI's timing headers (``x-compute-time``,
 ``x-tokenization-time``, ``x-queue-time``, ``x-inference-time``, ...; ``mesh.ingress.tei``).
 
 Routes: ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /v1/models/{model}``, ``GET /health``
-(and ``GET /``, as TEI), ``GET /metrics``, and TEI's (``mesh.ingress.tei``): ``POST /``,
+(readiness, also as ``/health/ready`` and TEI's ``GET /``), ``GET /health/live`` (liveness),
+``GET /metrics``, and TEI's (``mesh.ingress.tei``): ``POST /``,
 ``POST /embed``, ``POST /embed_sparse`` (``mesh.ingress.sparse``), ``POST /tokenize``,
 ``POST /decode``, ``GET /info``; the cross-encoders'
 (``mesh.ingress.rerank``): TEI's ``POST /rerank`` and ``/predict``, ``POST /v1/rerank`` (and
 ``/v2/rerank``). With an API key set, ``/v1/*``, ``/v2/*`` and TEI's routes need
-``Authorization: Bearer KEY`` (``/info`` too, as TEI); ``/health``, ``GET /`` and ``/metrics``
+``Authorization: Bearer KEY`` (``/info`` too, as TEI); ``/health*``, ``GET /`` and ``/metrics``
 stay open, as do ``GET /openapi.json`` and ``GET /docs`` (``mesh.ingress.docs_page``).
 Errors: ``mesh.ingress.http_errors``.
 """
@@ -105,6 +106,8 @@ def create_app(cfg: IngressConfig, client: MeshClient | None = None) -> web.Appl
     app.router.add_get("/v1/models", _list_models)
     app.router.add_get("/v1/models/{model:.+}", _get_model)
     app.router.add_get("/health", _health)
+    app.router.add_get("/health/ready", _health)  # Kubernetes' readiness, by its usual name
+    app.router.add_get("/health/live", _live)
     app.router.add_get("/", _health)  # TEI's health route too (POST / is TEI's embed)
     app.router.add_get("/metrics", _metrics)
     tei.add_routes(app)
@@ -287,8 +290,15 @@ async def _get_model(request: web.Request) -> web.Response:
 
 
 async def _health(request: web.Request) -> web.Response:
-    health = request.app[STATE].catalog.health()
+    """Readiness (``mesh.ingress.catalog``): every model seen, or ``?model=NAME``, served now."""
+    health = request.app[STATE].catalog.health(request.query.get("model") or None)
     # Several ingress processes may share the port: say which one answered (its own links).
+    return json_response({**health.body, "pid": os.getpid()}, status=200 if health.ok else 503)
+
+
+async def _live(request: web.Request) -> web.Response:
+    """Liveness: the process is sound, whatever the mesh behind it does."""
+    health = request.app[STATE].catalog.liveness()
     return json_response({**health.body, "pid": os.getpid()}, status=200 if health.ok else 503)
 
 

@@ -1,8 +1,9 @@
 """Prometheus metrics of the ingress (``GET /metrics``): one registry, however many processes.
 
-Request-side series are counted as requests pass; broker-side series (queue depth, queued
-tokens, workers per model, liveness) are read at scrape time from the Pong stats the client
-keeps for each broker, so a scrape always shows the latest heartbeat's view.
+Request-side series are counted as requests pass; broker-side series (queues by model and
+lane, work done, queue waits, batch fill, each worker's state, the links' liveness) are read at
+scrape time from the Pong stats the client keeps for each broker, so a scrape always shows the
+latest heartbeat's view (``mesh.ingress.broker_metrics``).
 
 Results carry how long their sequences waited in the broker's queue and the compute time of the
 batches that carried them: ``queue_duration`` and ``inference_duration``, beside
@@ -22,7 +23,8 @@ only that process's series, and the series would multiply with N and with every 
 Broker gauges describe the broker, the same whichever process reads them; the answering process
 reports its own links' view (as ``/health`` does). The one gauge that belongs to each process,
 ``embedmesh_broker_outstanding_tokens``, is a ``livesum`` gauge: each process refreshes its
-share every second and on a scrape, and the parent calls ``mark_process_dead`` when a child
+share every second and on a scrape (and adds its links' failovers to
+``embedmesh_broker_failovers``, a counter summed like the request counters), and the parent calls ``mark_process_dead`` when a child
 exits so that a dead process's share leaves the sum. Without ``PROMETHEUS_MULTIPROC_DIR`` (one
 process) the registry lives in memory, as it always did.
 """
@@ -30,14 +32,12 @@ process) the registry lives in memory, as it always did.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.registry import Collector
 
 from mesh.client import MeshClient
+from mesh.ingress.broker_metrics import BrokerCollector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # prometheus_client picks its value store when it is imported: files under this directory when
@@ -100,6 +100,15 @@ class IngressMetrics:
             "Tokens the ingress processes have submitted to the broker and not had back.",
             ["broker"], multiprocess_mode="livesum", registry=r,
         )  # fmt: skip
+        # A counter of every process (a link's own count, added as it grows): summed over the
+        # processes, exited ones included, so a scrape reaching any process reads one total.
+        self.failovers = Counter(
+            "embedmesh_broker_failovers",
+            "Times an ingress process lost the broker or found it restarted (its pending "
+            "requests failed over).",
+            ["broker"], registry=r,
+        )  # fmt: skip
+        self._failovers_seen: dict[str, int] = {}
         # What a scrape reads: this registry alone, or every process's files merged.
         self.exposed = r
         if (path := multiprocess_dir()) is not None:
@@ -109,59 +118,16 @@ class IngressMetrics:
             self.exposed.register(BrokerCollector(client))
 
     def publish(self) -> None:
-        """Write this process's outstanding tokens per broker (its share of the sum)."""
+        """Write this process's outstanding tokens per broker (its share of the sum), and add
+        its links' failovers since the last call."""
         if self.client is not None:
             for broker in self.client.brokers:
-                self.outstanding.labels(broker.endpoint).set(broker.outstanding_tokens)
+                ep = broker.endpoint
+                self.outstanding.labels(ep).set(broker.outstanding_tokens)
+                new = broker.failovers - self._failovers_seen.get(ep, 0)
+                self.failovers.labels(ep).inc(max(0, new))
+                self._failovers_seen[ep] = broker.failovers
 
     def render(self) -> bytes:
         self.publish()
         return generate_latest(self.exposed)
-
-
-class BrokerCollector(Collector):
-    """Gauges from each broker's latest Pong stats, as this process's links see them."""
-
-    def __init__(self, client: MeshClient) -> None:
-        self.client = client
-
-    def describe(self) -> list[Metric]:
-        return []  # series are only known at scrape time
-
-    def collect(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily(
-            "embedmesh_broker_up", "1 when the broker answers.", labels=["broker"]
-        )
-        inflight = GaugeMetricFamily(
-            "embedmesh_broker_inflight_batches", "Batches dispatched to workers, not returned.",
-            labels=["broker"],
-        )  # fmt: skip
-        dropped = GaugeMetricFamily(
-            "embedmesh_broker_dropped_frames", "Malformed messages the broker dropped.",
-            labels=["broker"],
-        )  # fmt: skip
-        per_model = {
-            "queued_tokens": GaugeMetricFamily(
-                "embedmesh_broker_queued_tokens", "Tokens waiting in the broker's queue.",
-                labels=["broker", "model"],
-            ),
-            "queued_sequences": GaugeMetricFamily(
-                "embedmesh_broker_queued_sequences", "Sequences waiting in the broker's queue.",
-                labels=["broker", "model"],
-            ),
-            "workers": GaugeMetricFamily(
-                "embedmesh_broker_workers", "Workers serving the model.", labels=["broker", "model"]
-            ),
-        }  # fmt: skip
-        for broker in self.client.brokers:
-            ep = broker.endpoint
-            up.add_metric([ep], 1.0 if broker.alive else 0.0)
-            stats = broker.stats
-            if not broker.alive or stats is None:
-                continue
-            inflight.add_metric([ep], stats.inflight_batches)
-            dropped.add_metric([ep], stats.dropped_frames)
-            for attr, family in per_model.items():
-                for model, value in getattr(stats, attr).items():
-                    family.add_metric([ep, model], value)
-        yield from (up, inflight, dropped, *per_model.values())

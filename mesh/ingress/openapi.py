@@ -103,6 +103,10 @@ OPERATIONS: tuple[Operation, ...] = (
               errors=_OPENAI_WORK, headers=(PRIORITY_HEADER,), timed=True),
     Operation("get", "/health", "health", "200 when a broker answers and every model seen has "
               "a worker, else 503", ok=ref("Health"), errors=(503,), **_OPEN),
+    Operation("get", "/health/ready", "healthReady", "Readiness: the same as /health; with "
+              "?model=NAME, that model alone", ok=ref("Health"), errors=(503,), **_OPEN),
+    Operation("get", "/health/live", "healthLive", "Liveness: 200 while the process is sound, "
+              "whatever the mesh behind it does", ok=ref("Health"), errors=(503,), **_OPEN),
     Operation("get", "/", "teiHealth", "The same as /health (TEI's health route)",
               ok=ref("Health"), errors=(503,), **_OPEN),
     Operation("get", "/metrics", "metrics", "Prometheus metrics", ok_type="text/plain", **_OPEN),

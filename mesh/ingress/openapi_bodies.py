@@ -148,7 +148,34 @@ def _service() -> dict[str, Schema]:
     health = {
         "status": {**STR, "enum": ["ok", "unavailable"]},
         "reason": STR,
-        "brokers": array(obj({"endpoint": STR, "alive": BOOL})),
+        "brokers": array(
+            obj(
+                {
+                    "endpoint": STR,
+                    "alive": BOOL,
+                    "last_seen_s": {**NUM, "nullable": True},
+                    "failovers": INT,
+                    "queued_tokens": {"type": "object", "additionalProperties": INT},
+                    "queued_work_s": {"type": "object", "additionalProperties": NUM},
+                    "inflight_batches": INT,
+                    "workers": array(
+                        obj(
+                            {
+                                "id": STR,
+                                "name": STR,
+                                "model": STR,
+                                "device": STR,
+                                "state": {**STR, "enum": ["up", "busy", "down"]},
+                                "inflight_batches": INT,
+                                "tokens_per_s": NUM,
+                                "since_s": NUM,
+                                "reason": STR,
+                            }
+                        )
+                    ),
+                }
+            )
+        ),  # fmt: skip
         "models": {"type": "object", "additionalProperties": INT},
         "pid": INT,
     }

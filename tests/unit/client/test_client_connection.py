@@ -260,3 +260,22 @@ async def test_a_broker_whose_connection_closes_fails_its_requests_at_once(
     with pytest.raises(Unavailable, match="lost the broker"):
         await asyncio.wait_for(future, timeout=5)
     assert not linked.conn.alive and linked.conn.outstanding_tokens == 0
+
+
+async def test_a_restart_and_a_loss_each_count_as_a_failover_and_the_link_stays_sound(
+    linked: _Linked,
+) -> None:
+    conn = linked.conn
+    assert (conn.failovers, conn.sound()) == (0, True)
+    assert conn.heard_ago() is not None and conn.heard_ago() < 5
+    pong = Pong(conn.next_cid(), BrokerStats(), instance=2)  # another broker process answers
+    linked.broker.send_multipart([linked.identity, *encode(pong)])
+    for _ in range(500):
+        if conn.instance == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert conn.failovers == 1
+    conn._lost("a test")
+    assert conn.failovers == 2 and not conn.alive and conn.sound()
+    await conn.close()
+    assert not conn.sound()  # its pinger ended: only a new link would ping again

@@ -73,8 +73,11 @@ def _exported_metric_names() -> set[str]:
     """The series names the ingress's /metrics serves, with every labelled family touched."""
 
     class Link:
-        endpoint, alive, outstanding_tokens = "tcp://broker:5555", True, 0
+        endpoint, alive, outstanding_tokens, failovers = "tcp://broker:5555", True, 0, 0
         stats = BrokerStats(queued_tokens={"m": 1}, queued_sequences={"m": 1}, workers={"m": 1})
+
+        def heard_ago(self) -> float:
+            return 0.5
 
     client = SimpleNamespace(brokers=[Link()])  # what BrokerCollector reads of a MeshClient
     metrics = IngressMetrics(client)  # type: ignore[arg-type]

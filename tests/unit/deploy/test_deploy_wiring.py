@@ -275,3 +275,27 @@ def test_gpu_workers_ask_for_one_gpu_each_and_use_it_as_device_0(renders: dict) 
             assert worker.option(flags, "--gpu") == ["0"], worker.where
     for worker in _launched(renders["cpu"]):
         assert "nvidia.com/gpu" not in worker.spec["resources"].get("limits", {})
+
+
+def _app_routes() -> set[str]:
+    from mesh.ingress.app import create_app
+    from mesh.ingress.config import IngressConfig
+
+    app = create_app(IngressConfig(brokers=["ipc://unused"]))
+    return {r.canonical for r in app.router.resources()}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_ingress_probes_ask_readiness_and_liveness_on_the_routes_that_answer_them(
+    renders: dict, overlay: str
+) -> None:
+    """Readiness on the route that is 503 while a model has no worker; liveness on the one
+    that stays 200 then (a restart brings no worker back)."""
+    flags, routes = launch_flags(), _app_routes()
+    for container in _launched(renders[overlay]):
+        if container.role(flags) not in ("ingress", "all"):
+            continue
+        ready = container.spec["readinessProbe"]["httpGet"]["path"]
+        live = container.spec["livenessProbe"]["httpGet"]["path"]
+        assert (ready, live) == ("/health/ready", "/health/live"), container.where
+        assert {ready, live} <= routes

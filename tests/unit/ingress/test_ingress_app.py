@@ -35,9 +35,17 @@ class FakeBroker:
     alive: bool = True
     catalog_known: bool = True
     outstanding_tokens: int = 0
+    failovers: int = 0
     stats: BrokerStats | None = field(
         default_factory=lambda: BrokerStats({"tiny": 5}, {"tiny": 2}, {"tiny": 1}, 3, 0)
     )
+    pinging: bool = True
+
+    def heard_ago(self) -> float | None:
+        return 0.5 if self.alive else None
+
+    def sound(self) -> bool:
+        return self.pinging
 
 
 class FakeClient:

@@ -20,7 +20,8 @@ from types import SimpleNamespace
 from mesh.ingress.metrics import IngressMetrics
 
 n, render = int(sys.argv[1]), sys.argv[2] == "render"
-broker = SimpleNamespace(endpoint="ipc://b", alive=False, outstanding_tokens=n * 100, stats=None)
+broker = SimpleNamespace(endpoint="ipc://b", alive=False, outstanding_tokens=n * 100, stats=None,
+                         failovers=0, heard_ago=lambda: None)
 metrics = IngressMetrics(SimpleNamespace(brokers=[broker]))
 for _ in range(n):
     metrics.requests.labels("/v1/embeddings", "200").inc()

@@ -34,6 +34,7 @@ from proto_msgs import (
     TokenizerRequest,
     WorkerReady,
 )
+from proto_msgs.stats import WAIT_BUCKETS_S, LaneStats, ModelStats, WorkerStats
 
 # Three tokenized sentences, as a BERT WordPiece tokenizer gives them ([CLS] ... [SEP]).
 SENTENCES = [[101, 7592, 2088, 102], [101, 2023, 2003, 1037, 3231, 102], [101, 102]]
@@ -204,7 +205,23 @@ def sample_messages() -> list[Message]:
         workers={"all-MiniLM-L6-v2": 2},
         inflight_batches=3,
         dropped_frames=1,
-    )
+        models={
+            "all-MiniLM-L6-v2": ModelStats(
+                lanes=[
+                    LaneStats(1, 8, 100, 800, [3] + [0] * len(WAIT_BUCKETS_S), 0.002),
+                    LaneStats(39, 5112, 4000, 512000, [0] * 16 + [2], 250.5),
+                ],
+                batches=40, batch_tokens=512800, batch_budget_tokens=655360, queued_s=0.25,
+            )
+        },
+        worker_list=[
+            WorkerStats("0080000001", "gpu-host:cuda:0", "all-MiniLM-L6-v2", "cuda:0", "busy",
+                        inflight_batches=2, credits=3, tokens_per_s=6.5e6, batches_done=40,
+                        tokens_done=512800, since_s=0.1),
+            WorkerStats("0080000002", "gpu-host:cuda:1", "all-MiniLM-L6-v2", "cuda:1", "down",
+                        since_s=4.0, reason="silent for 3.1s"),
+        ],
+    )  # fmt: skip
     return [
         *_submits(),
         CancelRequest(cid=1),
