@@ -90,8 +90,11 @@ class NullEngine:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``mesh-launch --role worker`` flags, serve a :class:`NullEngine` until stopped."""
+    from launch.children import die_with_parent_from_env
     from launch.cli import parse
     from launch.roles import liveness_of, security_of, serve_worker
+
+    die_with_parent_from_env()  # started by mesh-bench cluster: ends with it
 
     role, args = parse(["--role", "worker", *(sys.argv[1:] if argv is None else argv)])
     logging.basicConfig(
