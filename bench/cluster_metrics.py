@@ -45,6 +45,8 @@ def parse(text: str, at: float = 0.0) -> Scrape:
         if not family.name.startswith(PREFIX):
             continue
         for s in family.samples:
+            if s.name.endswith("_created"):
+                continue  # when a series was made, not a figure
             key = series_key(s.name, s.labels)
             if family.type == "gauge":
                 out.gauges[key] = float(s.value)

@@ -206,7 +206,9 @@ class ClusterRun:
     def _wait(self, place: Place, what: str, ready: Any) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not place.reach(ready):
-            dead = [s for s in place.started if s.proc.poll() is not None]
+            # Any role that ended: a worker that failed on another host never comes up.
+            dead = [s for p in self.places.places.values() for s in p.started
+                    if s.proc.poll() is not None]  # fmt: skip
             if dead or time.monotonic() > deadline:
                 why = f"{dead[0].what} exited with {dead[0].proc.returncode}" if dead else "timeout"
                 raise RuntimeError(f"{place.name}: {what} not up ({why}); logs in {self.logs}\n"

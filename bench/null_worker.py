@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
 import numpy as np
 import torch
 
@@ -96,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
 
     die_with_parent_from_env()  # started by mesh-bench cluster: ends with it
 
-    role, args = parse(["--role", "worker", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        _, args = parse(["--role", "worker", *(sys.argv[1:] if argv is None else argv)])
+    except click.ClickException as exc:  # a wrong flag: mesh-launch's message, not a trace
+        exc.show()
+        return exc.exit_code
     logging.basicConfig(
         level=args.link.log_level,
         format="%(asctime)s null-worker %(levelname)s %(name)s: %(message)s",

@@ -51,3 +51,10 @@ def test_the_real_worker_serves_the_null_engine() -> None:
     rows = np.asarray(reply.embeddings[0])
     assert rows.shape == (2, 384) and rows[:, 0].tolist() == [2.0, 4.0]
     assert engine.batches == 1
+
+
+def test_a_wrong_flag_is_refused_as_mesh_launch_refuses_it(capsys) -> None:  # noqa: ANN001
+    from bench.null_worker import main
+
+    assert main(["--no-such-flag"]) == 2
+    assert "No such option '--no-such-flag'" in capsys.readouterr().err
