@@ -1,6 +1,7 @@
 """Where ``mesh-bench cluster`` runs a process: a network-namespace host made here
-(bench/netns.py), a real host over ssh, or this host. One interface for the three: start a
-Python module there, reach the mesh's addresses from there, stop what was started.
+(bench/netns.py), a real host over ssh, or this host (an external host runs roles that others
+started, e.g. Kubernetes: nothing is started there). One interface: start a Python module
+there, reach the mesh's addresses from there, stop what was started.
 
 Over ssh a role runs as ``ssh -T -o BatchMode=yes TARGET 'sh -c ...'``: the remote shell
 starts the module in the background and ends it (SIGTERM) when ssh's standard input closes,
@@ -116,6 +117,8 @@ class Place:
               stdin_commands: bool = False) -> Started:  # fmt: skip
         """``python -m module args`` on this host; its output to ``log`` (``stdin_commands``:
         standard input and output are pipes for the coordinator)."""
+        if self.spec.kind == "external":
+            raise RuntimeError(f"{self.name} is external: its roles are started by others")
         argv = self.argv(module, args, stdin_commands)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.spec.env}
         if self.spec.kind != "ssh":
@@ -192,7 +195,7 @@ class Places:
                 assert spec.ssh is not None
                 address = spec.address or spec.ssh.target.rsplit("@", 1)[-1]
                 self.places[spec.name] = Place(spec, address)
-            else:
+            else:  # local, or external (its address is required)
                 self.places[spec.name] = Place(spec, spec.address or "127.0.0.1")
 
     def close(self) -> None:

@@ -4,8 +4,7 @@
 Order: brokers (each listening before the next role starts), workers, ingresses (each ready
 once ``/health`` answers 200 and ``/v1/models`` counts every worker behind its brokers),
 then the load processes, which start one agreed instant (bench/cluster_load.py). Links
-with an added delay go through a fault proxy in ``delay`` mode (bench/faultproxy.py) on the
-connecting role's host: each way of the link gets the delay.
+with an added delay: bench/cluster_links.py.
 """
 
 from __future__ import annotations
@@ -24,45 +23,15 @@ from typing import Any
 
 from bench import cluster_metrics
 from bench.cluster_hosts import Place, Places, stop_all
+from bench.cluster_links import Links
 from bench.cluster_load import LoadProcess, coordinate, instructions
 from bench.corpus import DEFAULT_CORPUS, load_texts, request_bodies
-from bench.faultproxy import FaultProxy
 from bench.load import Target
 from bench.procs import Job, Timing, closed_jobs, open_jobs
 from bench.stats import cdf_ms, summarize, timeline
 from bench.topology import Topology
 
 START_TIMEOUT_S = 240.0  # a real CPU worker per host on a busy 2-core machine loads slowly
-
-
-class Links:
-    """The endpoint a role on one host dials to reach a port on another: the address itself,
-    or a delaying proxy on the dialling host when the topology adds delay between them."""
-
-    def __init__(self, topo: Topology) -> None:
-        self.topo = topo
-        self.proxies: dict[tuple[str, str, int], FaultProxy] = {}
-
-    def address(self, src: Place, dst: Place, port: int) -> str:
-        """``host:port`` that a process on ``src`` connects to for ``dst``'s ``port``."""
-        delay = self.topo.delay_ms(src.name, dst.name)
-        if delay <= 0:
-            return f"{dst.address}:{port}"
-        if src.spec.kind == "ssh":
-            raise RuntimeError(f"delay to an ssh host ({src.name}): add it there with tc netem")
-        key = (src.name, dst.name, port)
-        if key not in self.proxies:
-            proxy = FaultProxy((dst.address, port))
-            proxy.set_mode("delay", delay)
-            # Started from a thread on src's network: the proxy's own thread inherits it.
-            src.reach(proxy.run_in_thread)
-            self.proxies[key] = proxy
-        return f"127.0.0.1:{self.proxies[key].port}"
-
-    def close(self) -> None:
-        for proxy in self.proxies.values():
-            proxy.stop_thread()
-        self.proxies.clear()
 
 
 def _http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
@@ -99,6 +68,7 @@ class ClusterRun:
     def run(self) -> dict[str, Any]:
         try:
             self.places.open()
+            self.links.setup(self.places.places)
             security = self._security()
             self._start_brokers(security)
             self._start_workers(security)
@@ -125,7 +95,9 @@ class ClusterRun:
         return out
 
     def _security(self) -> list[str]:
-        if not self.topo.curve:
+        starts = any(h.broker or h.workers or h.ingress for h in self.topo.hosts
+                     if h.kind != "external")  # fmt: skip
+        if not self.topo.curve or not starts:
             return ["--insecure"]
         if self.topo.curve_dir:
             return ["--curve-dir", self.topo.curve_dir]
@@ -148,7 +120,8 @@ class ClusterRun:
             args = ["--role", "broker", "--frontend", f"tcp://{place.address}:{b.front_port}",
                     "--backend", f"tcp://{place.address}:{b.back_port}",
                     *security, *self._common(), *b.flags]  # fmt: skip
-            self._start(place, "broker", "launch.cli", args)
+            if spec.kind != "external":
+                self._start(place, "broker", "launch.cli", args)
             self._wait(
                 place, "broker", lambda p=place, b=b: _listening(f"{p.address}:{b.front_port}")
             )
@@ -156,6 +129,8 @@ class ClusterRun:
     def _start_workers(self, security: list[str]) -> None:
         for spec in self.topo.hosts:
             place = self.places[spec.name]
+            if spec.kind == "external":
+                continue  # counted, not started: the ingress waits for them all the same
             for w in spec.workers:
                 broker = self.places[w.broker]
                 assert broker.spec.broker is not None
@@ -173,6 +148,9 @@ class ClusterRun:
             if spec.ingress is None:
                 continue
             place, g = self.places[spec.name], spec.ingress
+            urls[spec.name] = f"http://{place.address}:{g.port}"
+            if spec.kind == "external":
+                continue  # served already: only waited for
             links = []
             for name in g.brokers:
                 broker = self.places[name]
@@ -183,7 +161,6 @@ class ClusterRun:
                     "--http-port", str(g.port), "--auto-truncate",
                     *security, *self._common(), *g.flags]  # fmt: skip
             self._start(place, "ingress", "launch.cli", args)
-            urls[spec.name] = f"http://{place.address}:{g.port}"
         for name, url in urls.items():
             place = self.places[name]
             ingress = place.spec.ingress
@@ -293,5 +270,6 @@ class ClusterRun:
         out["metrics"] = metrics
         out["hosts"] = {h.name: self.places[h.name].address for h in self.topo.hosts}
         out["delays_ms"] = {f"{k.a}-{k.b}": k.delay_ms for k in self.topo.links}
+        out["delay_by"] = self.links.way
         out["roles"] = self.commands
         return out

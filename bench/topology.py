@@ -10,7 +10,8 @@
     duration_s = 20
     warmup_s = 5
 
-    [hosts.b1]                        # kind: netns (made here), ssh (user@host), local
+    [hosts.b1]                        # kind: netns (made here), ssh (user@host), local,
+                                      # external (already running: nothing started there)
     broker = {}                       # flags, front_port, back_port
     [hosts.w1]
     workers = [{ broker = "b1", engine = "null", flags = "--device cpu --threads 1" }]
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-KINDS = ("netns", "ssh", "local")
+KINDS = ("netns", "ssh", "local", "external")
 ENGINES = ("real", "null")
 MODES = ("closed", "open")
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -87,7 +88,8 @@ class Ingress:
 class Host:
     name: str
     kind: str = "netns"
-    address: str = ""  # ssh: what the other hosts reach it at (default: ssh's host part)
+    # What the other hosts reach it at; ssh: default the ssh target's host part; external: needed
+    address: str = ""
     ssh: Ssh | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     broker: Broker | None = None
@@ -303,6 +305,9 @@ def _checked(topo: Topology) -> Topology:
             raise TopologyError(f"[hosts.{h.name}]: kind = 'ssh' needs ssh = 'user@host'")
         if h.kind != "ssh" and h.ssh is not None:
             raise TopologyError(f"[hosts.{h.name}]: ssh is for kind = 'ssh' hosts")
+        if h.kind == "external" and (not h.address or h.load_procs):
+            raise TopologyError(f"[hosts.{h.name}]: an external host (roles started by others) "
+                                "needs an address and runs no load")  # fmt: skip
         if h.load_procs < 0:
             raise TopologyError(f"[hosts.{h.name}]: load_procs must be 0 or more")
         for w in h.workers:

@@ -64,6 +64,8 @@ def test_a_file_gives_hosts_roles_links_and_load() -> None:
         (("[hosts.f]", '[hosts.f]\nkind = "ssh"'), "needs ssh = 'user@host'"),
         (("[hosts.f]", '[hosts.f]\nkind = "vm"'), "kind must be one of"),
         (("[load]", '[load]\nmode = "open"'), "needs rate > 0"),
+        (("[hosts.b]", '[hosts.b]\nkind = "external"'), "needs an address and runs no load"),
+        (("[hosts.f]", '[hosts.f]\nkind = "external"\naddress = "f.svc"'), "runs no load"),
     ],
 )
 def test_what_cannot_run_is_refused_with_its_name(change: tuple[str, str], says: str) -> None:
