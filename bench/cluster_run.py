@@ -34,9 +34,11 @@ from bench.topology import Topology
 START_TIMEOUT_S = 240.0  # a real CPU worker per host on a busy 2-core machine loads slowly
 
 
-def _http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
+def _http_get(url: str, api_key: str | None = None, timeout_s: float = 5.0) -> tuple[int, bytes]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=timeout_s) as resp:  # fmt: skip
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -64,6 +66,8 @@ class ClusterRun:
         self.places = Places(topo.hosts)
         self.links = Links(topo)
         self.commands: list[dict[str, str]] = []
+        key_file = topo.load.api_key_file
+        self.api_key = Path(key_file).read_text().strip() if key_file else None
 
     def run(self) -> dict[str, Any]:
         try:
@@ -174,7 +178,7 @@ class ClusterRun:
         status, _ = place.reach(lambda: _http_get(f"{url}/health"))
         if status != 200:
             return False
-        status, body = place.reach(lambda: _http_get(f"{url}/v1/models"))
+        status, body = place.reach(lambda: _http_get(f"{url}/v1/models", self.api_key))
         if status != 200:
             return False
         served = {m.get("id"): int(m.get("workers", 0)) for m in json.loads(body)["data"]}
@@ -235,7 +239,7 @@ class ClusterRun:
                 lp = LoadProcess(f"{place.name}/{len(procs)}", started.proc.stdin,
                                  started.proc.stdout, lambda s=started: s.proc.poll() is None,
                                  [job])  # fmt: skip
-                lp.send(instructions(Target(f"http://{dial}/v1", None, load.timeout_s),
+                lp.send(instructions(Target(f"http://{dial}/v1", self.api_key, load.timeout_s),
                                      job.bodies, [job], timing))  # fmt: skip
                 procs.append(lp)
         watches = {name: self._watch(name, url) for name, url in urls.items()}

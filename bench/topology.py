@@ -117,6 +117,7 @@ class Load:
     priority: str = ""  # "" lets the ingress pick the lane by size
     timeout_s: float = 120.0
     corpus: str = ""  # "" is the checkout's data/corpus.jsonl
+    api_key_file: str = ""  # an ingress started with --api-key(-file): the key, read here
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,7 @@ def _load(t: _Table) -> Load:
         priority=t.get("priority", str, d.priority),
         timeout_s=float(t.get("timeout_s", (int, float), d.timeout_s)),
         corpus=t.get("corpus", str, d.corpus),
+        api_key_file=t.get("api_key_file", str, d.api_key_file),
     )
     t.done()
     return load

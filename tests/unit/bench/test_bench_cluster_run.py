@@ -1,6 +1,7 @@
 """bench/cluster_run.py against a fleet that others started (external hosts: a stub ingress
-and a port standing for the broker): nothing is started there, the run waits for /health and
-every worker in /v1/models, loads it from two local load processes, watches /metrics. Runs on
+that wants an API key and a port standing for the broker): nothing is started there, the run
+waits for /health and every worker in /v1/models, loads it from two local load processes with
+the key, watches /metrics. Runs on
 any machine (no namespaces); tests/integration/test_cluster_bench.py starts a real mesh."""
 
 from __future__ import annotations
@@ -29,14 +30,21 @@ class Fleet:
         self.workers = 0
         self.models_asked = 0
 
-    async def models(self, _: web.Request) -> web.Response:
+    async def embeddings(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != "Bearer sesame":
+            return web.json_response({"error": {"message": "key"}}, status=401)
+        return await self.stub.embeddings(request)
+
+    async def models(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != "Bearer sesame":
+            return web.json_response({"error": {"message": "key"}}, status=401)
         self.models_asked += 1
         self.workers = min(2, self.workers + 1)  # the second worker joins a moment later
         return web.json_response({"data": [{"id": "all-MiniLM-L6-v2", "workers": self.workers}]})
 
     def app(self) -> web.Application:
         app = web.Application()
-        app.router.add_post("/v1/embeddings", self.stub.embeddings)
+        app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", lambda _: web.json_response({"status": "ok"}))
         app.router.add_get("/metrics", lambda _: web.Response(text=METRICS))
@@ -52,8 +60,10 @@ async def test_an_external_fleet_is_waited_for_loaded_and_watched(tmp_path) -> N
     await site.start()
     http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     broker = socket.create_server(("127.0.0.1", 0))  # stands for the broker's frontend
+    (tmp_path / "key").write_text("sesame\n")
     topo = parse({
-        "load": {"concurrency": 2, "texts_per_request": 2, "duration_s": 1.0, "warmup_s": 0.2},
+        "load": {"concurrency": 2, "texts_per_request": 2, "duration_s": 1.0, "warmup_s": 0.2,
+                 "api_key_file": str(tmp_path / "key")},
         "hosts": {
             "fleet": {"kind": "external", "address": "127.0.0.1",
                       "broker": {"front_port": broker.getsockname()[1]},
