@@ -5,7 +5,8 @@ Every ``embedmesh_*`` series is kept by its kind: a gauge sampled through the wi
 max, last), a counter as its rate over the window, a histogram as the mean observation in
 the window. The role is the name's second word (``embedmesh_broker_queued_tokens``: broker).
 Then the figures a reader looks for first, picked by what the names and labels say: queue
-depth (a gauge named ``queue``/``queued``, by lane where labelled), batch fill (``fill``),
+depth (a gauge named ``queue``/``queued``, by lane where labelled), batch fill (a series
+named ``fill``, or tokens in batches over the workers' budgets where a mesh counts both),
 per-worker figures (a ``worker`` label).
 """
 
@@ -122,9 +123,29 @@ def figures(scrapes: list[Scrape]) -> dict[str, Any]:
         "roles": roles,
         "queue_depth": {k: v for k, v in flat.items() if _named(k, "queue") and "mean" in v
                         and "max" in v},
-        "batch_fill": {k: v for k, v in flat.items() if _named(k, "fill")},
+        "batch_fill": {k: v for k, v in flat.items() if _named(k, "fill")} | _fills(first, last),
         "per_worker": {k: v for k, v in flat.items() if 'worker="' in k},
     }  # fmt: skip
+
+
+def _fills(first: Scrape, last: Scrape) -> dict[str, dict[str, float]]:
+    """Batch fill from a counter pair, where a mesh exports one: tokens dispatched in batches
+    over the budgets of the workers they went to (``..._batch_tokens_total`` and
+    ``..._batch_budget_tokens_total`` of the same labels), over the window."""
+    out = {}
+    for key, budget in last.counters.items():
+        name, _, labels = key.partition("{")
+        if not name.endswith("_batch_budget_tokens_total"):
+            continue
+        used_key = name.replace("_batch_budget_tokens_total", "_batch_tokens_total") + "{" + labels
+        if used_key not in last.counters:
+            continue
+        spent = budget - first.counters.get(key, 0.0)
+        used = last.counters[used_key] - first.counters.get(used_key, 0.0)
+        if spent > 0:
+            fill_key = name.replace("_batch_budget_tokens_total", "_batch_fill") + "{" + labels
+            out[fill_key if labels else fill_key[:-1]] = {"mean": used / spent}
+    return out
 
 
 def _role(key: str) -> str:

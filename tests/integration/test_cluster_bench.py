@@ -89,3 +89,52 @@ def test_a_role_that_cannot_start_fails_the_run_and_leaves_nothing_behind(tmp_pa
     assert "No such option '--no-such-flag'" in str(err.value)  # the role's log, in the error
     assert _namespaces() == before
     assert all(s.proc.poll() is not None for p in run.places.places.values() for s in p.started)
+
+
+def _running_with(text: str) -> list[str]:
+    """Command lines of live processes that mention ``text``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd and proc.name.isdigit():
+            found.append(cmd)
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_during_the_load_tears_every_host_down(tmp_path: Path) -> None:
+    import os
+    import signal
+    import sys
+    import time
+
+    small = TOPOLOGY.replace("duration_s = 3", "duration_s = 60")
+    small = small.replace('[hosts.w2]\nworkers = [{ broker = "broker", engine = "null", '
+                          'flags = "--max-batch-tokens 2048" }]\n', "")  # fmt: skip
+    (tmp_path / "t.toml").write_text(small)
+    logs = tmp_path / "logs"
+    before = _namespaces()
+    cmd = [sys.executable, "-m", "bench.cli", "cluster", "--topology", str(tmp_path / "t.toml"),
+           "--logs", str(logs)]  # fmt: skip
+    bench = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 200
+        while not list(logs.glob("row-1/*-load-*.log")):  # the load has started
+            assert bench.poll() is None, bench.stdout.read().decode()  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the load never started"
+            time.sleep(0.5)
+        time.sleep(2)
+        assert len(_namespaces() - before) == 4  # the switch and three hosts
+        # Ctrl-C, to the coordinator alone (a terminal's reaches the roles too): it must
+        # stop every role and load process itself.
+        os.kill(bench.pid, signal.SIGINT)
+        assert bench.wait(60) != 0
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert _namespaces() == before
+    assert _running_with(str(logs)) == []  # every role had the run's key folder in its flags

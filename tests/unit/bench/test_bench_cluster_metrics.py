@@ -72,3 +72,19 @@ def test_no_scrape_gives_empty_figures_and_a_failed_read_is_counted() -> None:
     assert figures["scrapes"] == 1 and figures["failed"] == 1
     watch.stop()
     assert watch.figures()["scrapes"] == 2
+
+
+FILL = """# TYPE embedmesh_broker_batch_tokens_total counter
+embedmesh_broker_batch_tokens_total{{broker="b",model="m"}} {used}
+# TYPE embedmesh_broker_batch_budget_tokens_total counter
+embedmesh_broker_batch_budget_tokens_total{{broker="b",model="m"}} {budget}
+"""
+
+
+def test_batch_fill_is_derived_from_tokens_over_budgets_where_both_are_counted() -> None:
+    scrapes = [
+        parse(FILL.format(used=100, budget=400), 0.0),
+        parse(FILL.format(used=400, budget=800), 1.0),
+    ]
+    fill = cluster_metrics.figures(scrapes)["batch_fill"]
+    assert fill == {'embedmesh_broker_batch_fill{broker="b",model="m"}': {"mean": 0.75}}
