@@ -15,6 +15,7 @@ The file format and the ssh way: bench/README.md ("cluster").
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import signal
@@ -140,8 +141,6 @@ def main(topologies: tuple[Path, ...], engines: tuple[str, ...], delays: tuple[f
 
 def _with_window(topo: topology.Topology, duration: float | None,
                  warmup: float | None) -> topology.Topology:  # fmt: skip
-    import dataclasses
-
     load = topo.load
     if duration is not None:
         load = dataclasses.replace(load, duration_s=duration)

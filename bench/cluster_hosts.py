@@ -138,6 +138,9 @@ class Place:
             proc = self.netns_host.popen(argv, **kwargs)
         else:
             proc = subprocess.Popen(argv, **kwargs)
+        for stream in (kwargs["stdout"], kwargs["stderr"]):
+            if hasattr(stream, "close"):
+                stream.close()  # the child has its own copy
         started = Started(what, proc, self.spec.kind == "ssh", log)
         self.started.append(started)
         return started
