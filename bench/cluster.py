@@ -31,15 +31,18 @@ from bench.cluster_run import ClusterRun
 
 def rows(topos: list[topology.Topology], engines: tuple[str, ...],
          delays: tuple[float, ...]) -> list[tuple[str, topology.Topology]]:  # fmt: skip
-    """(label, topology) of every row of a sweep, in order: topology, engine, delay."""
+    """(label, topology) of every row of a sweep, in order: topology, engine, delay (a
+    topology without links has no delay to set: one row for all of them)."""
     out = []
-    for topo, engine, delay in itertools.product(topos, engines or (None,), delays or (None,)):
-        label = topo.name
-        if engine is not None:
-            label += f" engine={engine}"
-        if delay is not None:
-            label += f" delay={delay:g}ms"
-        out.append((label, topo.with_overrides(engine=engine, delay_ms=delay)))
+    for topo in topos:
+        settable = delays if topo.links else ()
+        for engine, delay in itertools.product(engines or (None,), settable or (None,)):
+            label = topo.name
+            if engine is not None:
+                label += f" engine={engine}"
+            if delay is not None:
+                label += f" delay={delay:g}ms"
+            out.append((label, topo.with_overrides(engine=engine, delay_ms=delay)))
     return out
 
 
