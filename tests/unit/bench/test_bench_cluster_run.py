@@ -52,7 +52,10 @@ class Fleet:
 
 
 @pytest.mark.timeout(120)
-async def test_an_external_fleet_is_waited_for_loaded_and_watched(tmp_path) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(
+    "load", [{"concurrency": 2}, {"mode": "open", "rate": 40.0}], ids=["closed", "open"]
+)
+async def test_an_external_fleet_is_waited_for_loaded_and_watched(tmp_path, load) -> None:  # noqa: ANN001
     fleet = Fleet()
     runner = web.AppRunner(fleet.app())
     await runner.setup()
@@ -62,8 +65,8 @@ async def test_an_external_fleet_is_waited_for_loaded_and_watched(tmp_path) -> N
     broker = socket.create_server(("127.0.0.1", 0))  # stands for the broker's frontend
     (tmp_path / "key").write_text("sesame\n")
     topo = parse({
-        "load": {"concurrency": 2, "texts_per_request": 2, "duration_s": 1.0, "warmup_s": 0.2,
-                 "api_key_file": str(tmp_path / "key")},
+        "load": {"texts_per_request": 2, "duration_s": 1.0, "warmup_s": 0.2,
+                 "api_key_file": str(tmp_path / "key"), **load},
         "hosts": {
             "fleet": {"kind": "external", "address": "127.0.0.1",
                       "broker": {"front_port": broker.getsockname()[1]},
@@ -81,7 +84,10 @@ async def test_an_external_fleet_is_waited_for_loaded_and_watched(tmp_path) -> N
     assert 0 < stats["requests"] == stats["ok"] < fleet.stub.calls  # the warm-up's uncounted
     assert stats["errors"] == {}
     assert stats["tokens"] == 6 * stats["ok"]  # the stub's 3 tokens a text, 2 texts a request
-    assert fleet.stub.peak == 2  # one client in each of the two load processes
+    if "concurrency" in load:
+        assert fleet.stub.peak == 2  # one client in each of the two load processes
+    else:  # two Poisson streams of 20/s: about 40 in the second measured
+        assert 15 <= stats["requests"] <= 80
     assert fleet.models_asked >= 2  # not loaded before both workers were listed
     assert result["roles"] == [] and result["delay_by"] == "none"  # nothing started there
     (queue,) = result["metrics"]["fleet"]["queue_depth"].values()
