@@ -324,6 +324,10 @@ def _checked(topo: Topology) -> Topology:
     for k in topo.links:
         if not {k.a, k.b} <= names or k.a == k.b or k.delay_ms < 0:
             raise TopologyError(f"[[links]] {k.a}-{k.b}: two different hosts, delay_ms >= 0")
+    remote_roles = any(h.kind == "ssh" and (h.broker or h.workers or h.ingress) for h in topo.hosts)
+    if remote_roles and topo.curve and not topo.curve_dir:
+        raise TopologyError("roles over ssh need curve_dir (the keys, copied to every host) "
+                            "or curve = false")  # fmt: skip
     if not brokers or not any(h.ingress for h in topo.hosts) or not topo.worker_count:
         raise TopologyError("a topology needs a broker, a worker and an ingress")
     if not any(h.load_procs for h in topo.hosts):

@@ -65,6 +65,7 @@ def test_a_file_gives_hosts_roles_links_and_load() -> None:
         (("[hosts.f]", '[hosts.f]\nkind = "vm"'), "kind must be one of"),
         (("[load]", '[load]\nmode = "open"'), "needs rate > 0"),
         (("[hosts.b]", '[hosts.b]\nkind = "external"'), "needs an address and runs no load"),
+        (("[hosts.w]", '[hosts.w]\nkind = "ssh"\nssh = "me@w"'), "roles over ssh need curve_dir"),
         (("[hosts.f]", '[hosts.f]\nkind = "external"\naddress = "f.svc"'), "runs no load"),
     ],
 )
@@ -77,10 +78,10 @@ def test_what_cannot_run_is_refused_with_its_name(change: tuple[str, str], says:
 
 def test_an_ssh_host_is_reached_at_its_ssh_address_unless_told() -> None:
     text = BASE.replace("[hosts.f]", '[hosts.f]\nkind = "ssh"\nssh = "me@10.1.2.3"', 1)
-    f = _parse(text).host("f")
+    f = _parse('curve_dir = "/srv/keys"\n' + text).host("f")
     assert f.ssh == topology.Ssh("me@10.1.2.3") and f.address == ""
     table = '[hosts.f]\nkind = "ssh"\naddress = "10.9.9.9"\nssh = { target = "me@gw", python = "/v/bin/python", prefix = "cd /m &&", options = ["-p", "2222"] }'
-    f = _parse(BASE.replace("[hosts.f]", table, 1)).host("f")
+    f = _parse("curve = false\n" + BASE.replace("[hosts.f]", table, 1)).host("f")
     assert f.ssh == topology.Ssh("me@gw", "/v/bin/python", "cd /m &&", ("-p", "2222"))
     assert f.address == "10.9.9.9"
 
