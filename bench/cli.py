@@ -53,6 +53,12 @@ HARNESSES: dict[str, tuple[str, str, str]] = {
         "main",
         "Build random-weight model directories in real shapes (BERT-base, Qwen3-0.6B, ...).",
     ),
+    "cluster": (
+        "bench.cluster",
+        "main",
+        "A mesh across hosts from a topology file (namespaces, ssh): load from every load "
+        "host, per-role figures from /metrics.",
+    ),
     "plots": ("bench.plots", "main", "Draw a saved mesh-bench http report's PNG plots again."),
 }
 GPU_PROOF = Path(__file__).resolve().parent / "harness" / "gpu_proof.sh"

@@ -177,15 +177,18 @@ def run_worker(
     cfg: WorkerArgs, brokers: tuple[str, ...], liveness: Liveness, security: Security
 ) -> None:
     """A worker of ``cfg`` on the first of ``brokers`` (the default backend when none)."""
+    serve_worker(cfg, load_engine(cfg), brokers, liveness, security)
+
+
+def load_engine(cfg: WorkerArgs) -> Engine:
+    """The engine ``cfg`` asks for, loaded (and its ``--buckets`` warmed)."""
     import torch
 
     from mesh.worker.engine.card import default_model_path
     from mesh.worker.engine.engine import Engine
-    from mesh.worker.server import WorkerOptions, WorkerServer
 
     dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
     model_dir = cfg.model or str(default_model_path())
-    broker = brokers[0] if brokers else DEFAULT_BACKEND
     device = cfg.device_name
     kernels = "torch" if cfg.no_compile else cfg.kernels
     if kernels not in (None, "torch") and not device.startswith("cuda"):
@@ -205,6 +208,23 @@ def run_worker(
     )
     if cfg.buckets:
         engine.warmup(cfg.buckets)
+    return engine
+
+
+def serve_worker(
+    cfg: WorkerArgs,
+    engine: Engine,
+    brokers: tuple[str, ...],
+    liveness: Liveness,
+    security: Security,
+) -> None:
+    """Serve ``engine`` (an :class:`Engine`, or a stand-in with its ``card``, ``vocab_size``,
+    ``hidden_size`` and ``dtype``: the bench's null engine) as a worker of ``cfg`` on the
+    first of ``brokers``, until a signal stops it."""
+    from mesh.worker.server import WorkerOptions, WorkerServer
+
+    broker = brokers[0] if brokers else DEFAULT_BACKEND
+    device = cfg.device_name
     card = engine.card
     info = model_info(engine)
     live = live_lane_on(cfg.live_lane, engine.device.type, cfg.credits)

@@ -30,6 +30,7 @@ OTHER_TOOLS = {
     "--restart": "kubectl run",
     "--overrides": "kubectl run",
     "--dry-run": "kubectl apply",
+    "--from-file": "kubectl create configmap",
     "--write": "python -m mesh.ingress.api_markdown",
     "--upstream": "python -m bench.faultproxy",
 }
