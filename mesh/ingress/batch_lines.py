@@ -26,7 +26,7 @@ from mesh.ingress.http_errors import ApiError, error_body
 from mesh.ingress.schema import EmbeddingsRequest
 from mesh.ingress.state import IngressState
 from mesh.jobs import BatchError, LineResult
-from proto_msgs import Lane
+from proto_msgs import ErrorCode, Lane
 
 MAX_ERRORS = 20  # validation errors reported at most; the first ones, in line order
 CHARS_PER_TOKEN = 4  # the token estimate of a text before it is tokenized (English BPE ~4)
@@ -122,6 +122,9 @@ async def _embed(state: IngressState, body: Any) -> tuple[bytes, int]:
         req.priority = Lane.BATCH  # a job never delays a live query
         done = await embed(state, req, time.perf_counter())
     except MeshError as exc:
+        if exc.code is ErrorCode.MODEL_NOT_FOUND and not state.client.models():
+            # The catalog is gone (every broker lost): no answer about the line's model.
+            raise ApiError(503, exc.message, "server_error", "unavailable") from None
         raise ApiError.from_mesh(exc) from None
     return done.body, done.result.prompt_tokens
 

@@ -80,7 +80,8 @@ class BatchRunner:
             await self.jobs.run(_validate, store, batch)
             return True
         claimed = False
-        while len(self.chunks) < CHUNKS_IN_FLIGHT:
+        # No catalog yet (a fresh process, a restarted broker): every line would be a 404.
+        while self.state.client.models() and len(self.chunks) < CHUNKS_IN_FLIGHT:
             lease = await self.jobs.run(store.claim_chunk, self.owner)
             if lease is None:
                 break

@@ -121,9 +121,7 @@ async def _list(request: web.Request) -> web.Response:
     jobs = jobs_of(request)
     if not jobs.exists() and after is None:
         return json_response(Page().to_openai())
-    page = await jobs.call(
-        lambda s: s.list_files(purpose=purpose, limit=limit, after=after)
-    )
+    page = await jobs.call(lambda s: s.list_files(purpose=purpose, limit=limit, after=after))
     return json_response(page.to_openai())
 
 

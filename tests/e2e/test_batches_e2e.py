@@ -130,7 +130,7 @@ def test_a_file_that_is_not_jsonl_or_names_another_route_fails_validation(
     served: Ingress,
 ) -> None:
     client = client_of(served)
-    not_jsonl = upload(client, b"this is not json\n{\"custom_id\": \"a\"}\n", "x.txt")
+    not_jsonl = upload(client, b'this is not json\n{"custom_id": "a"}\n', "x.txt")
     other = upload(client, lines_of([["hi"]]).replace(b"/v1/embeddings", b"/v1/chat/completions"))
     for file_id, code in ((not_jsonl, "invalid_json_line"), (other, "mismatched_endpoint")):
         batch = client.batches.create(
