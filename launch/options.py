@@ -266,14 +266,16 @@ class IngressArgs:
         default_text="$XDG_STATE_HOME/embedmesh, else ~/.local/state/embedmesh")  # fmt: skip
     state_url: str | None = opt(None, "postgresql://... : keep the batch API's state in "
         "PostgreSQL, shared by every ingress host (a password belongs in PGPASSWORD or "
-        "~/.pgpass, not here).", "ingress", STR)  # fmt: skip
+        "~/.pgpass, not here).", "ingress", STR, expert=True)  # fmt: skip
     max_batch_file_bytes: int = opt(MAX_BATCH_FILE_BYTES, "Largest file POST /v1/files "
-        "takes (413 beyond); OpenAI's limit.", "ingress", click.IntRange(min=1))  # fmt: skip
+        "takes (413 beyond); OpenAI's limit.", "ingress", click.IntRange(min=1),
+        expert=True)  # fmt: skip
     max_state_bytes: int = opt(0, "Bytes every stored batch file may take together; an upload "
         "past it is refused with 507; 0: no limit but the disk.", "ingress",
-        click.IntRange(min=0))  # fmt: skip
+        click.IntRange(min=0), expert=True)  # fmt: skip
     batch_retention: str = opt("30d", "How long a finished batch's output and error files "
-        "are kept (s, m, h or d); input files stay until deleted.", "ingress", STR)  # fmt: skip
+        "are kept (s, m, h or d); input files stay until deleted.", "ingress", STR,
+        expert=True)  # fmt: skip
     ingress_slot: int | None = opt(None, "This ingress's place among --ingress-procs "
         "siblings: its batch leases' owner id.", "ingress", INT, roles=("ingress",),
         internal=True)  # fmt: skip

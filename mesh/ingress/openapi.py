@@ -70,7 +70,7 @@ class Operation:
     summary: str
     family: str = OPENAI
     body: str | None = None  # a schema name
-    body_type: str = JSON
+    form: str | None = None  # a multipart/form-data body's schema name
     ok: Schema | None = None  # the 200 body's schema; None: no JSON body
     ok_type: str = JSON
     errors: tuple[int, ...] = ()
@@ -108,7 +108,7 @@ OPERATIONS: tuple[Operation, ...] = (
               body="ContextualizedRequest", ok=ref("ContextualizedResponse"),
               errors=_OPENAI_WORK, headers=(PRIORITY_HEADER,), timed=True),
     Operation("post", "/v1/files", "createFile", "Upload a batch input file (multipart, "
-              "purpose=batch)", body="FileUpload", body_type="multipart/form-data",
+              "purpose=batch)", form="FileUpload",
               ok=ref("File"), errors=_FILES + (413, 507), tags=("Batch",)),
     Operation("get", "/v1/files", "listFiles", "Stored files, newest first (limit, after, "
               "purpose)", ok=ref("FileList"), errors=_FILES, tags=("Batch",)),
@@ -234,7 +234,10 @@ def _operation(op: Operation, keyed: bool) -> Schema:
         doc["parameters"] = params
     if op.body is not None:
         doc["requestBody"] = {"required": True, "description": IGNORED,
-                              "content": {op.body_type: {"schema": ref(op.body)}}}  # fmt: skip
+                              "content": {JSON: {"schema": ref(op.body)}}}  # fmt: skip
+    if op.form is not None:
+        form = {"multipart/form-data": {"schema": ref(op.form)}}
+        doc["requestBody"] = {"required": True, "content": form}
     doc["responses"] = _responses(op, guarded)
     doc["security"] = [{"bearer": []}] if guarded else []
     return doc
