@@ -17,6 +17,8 @@ import pytest
 
 from tests.e2e.conftest import Ingress
 from tests.integration.conftest import MODEL, Mesh
+from tests.pg_server import PostgresServer
+from tests.unit.jobs.conftest import postgres_server  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.timeout(300)
 TERMINAL = {"completed", "failed", "cancelled", "expired"}
@@ -74,8 +76,8 @@ def served(batch_mesh: tuple[Mesh, Path]) -> Iterator[Ingress]:
     ing.stop()
 
 
-def _corpus_groups(corpus: list[dict], n: int, per: int) -> list[list[str]]:
-    texts = [r["text"] for r in corpus if len(r["text"]) < 600]
+def _corpus_groups(corpus: list[dict], n: int, per: int, max_chars: int = 600) -> list[list[str]]:
+    texts = [r["text"] for r in corpus if len(r["text"]) < max_chars]
     return [texts[i * per : (i + 1) * per] for i in range(n)]
 
 
@@ -172,11 +174,12 @@ def _assert_each_once(client: openai.OpenAI, batch, n: int) -> None:  # noqa: AN
 
 
 def _start_running(client: openai.OpenAI, corpus: list[dict], n: int):  # noqa: ANN202
-    file_id = upload(client, lines_of(_corpus_groups(corpus, n, 4)))
+    # Short single texts: a chunk (100 lines) commits soon even on a busy 2-core machine.
+    file_id = upload(client, lines_of(_corpus_groups(corpus, n, 1, 200)))
     batch = client.batches.create(
         input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h"
     )
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline:  # mid-way: a chunk committed, more to do
         now = client.batches.retrieve(batch.id)
         if now.request_counts.completed > 0 or now.status in TERMINAL:
@@ -231,3 +234,24 @@ def test_the_whole_mesh_killed_and_started_again_finishes_the_batch(
     finally:
         again.stop()
         fresh.stop()
+
+
+def test_two_ingresses_on_one_postgresql_store_finish_a_batch_after_its_acceptor_dies(
+    batch_mesh: tuple[Mesh, Path], corpus: list[dict], request: pytest.FixtureRequest
+) -> None:
+    mesh, state = batch_mesh
+    server: PostgresServer = request.getfixturevalue("postgres_server")  # skips without one
+    url = server.create_database()
+    shared = ("--state-dir", str(state), "--state-url", url)
+    first, second = Ingress(mesh, *shared), Ingress(mesh, *shared)
+    try:
+        first.wait_health()
+        second.wait_health()
+        batch = _start_running(client_of(first), corpus, 300)
+        first.proc.kill()  # its leases run out; the other process resumes its chunks
+        first.proc.wait()
+        client = client_of(second)
+        _assert_each_once(client, wait_batch(client, batch.id, TERMINAL), 300)
+    finally:
+        first.stop()
+        second.stop()
