@@ -13,7 +13,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient
 
+from mesh.client import EmbedResult, ValidRequest
 from mesh.ingress.config import JobsConfig
+from proto_msgs import Lane
 from tests.unit.ingress.test_ingress_app import FakeClient, serve
 
 
@@ -126,3 +128,39 @@ async def test_a_batch_runs_through_the_embeddings_path_to_its_output_file(
     assert row["response"]["body"]["error"]["param"] == "input"
     again = await jobs_http.post(f"/v1/batches/{batch['id']}/cancel")
     assert again.status == 409
+
+
+class LaneRecorder(FakeClient):
+    """The fake mesh, remembering the lane of every request it was sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lanes: list[Lane] = []
+
+    async def submit(self, request: ValidRequest, timeout_s: float | None = None) -> EmbedResult:
+        self.lanes.append(request.lane)
+        return await super().submit(request, timeout_s)
+
+
+async def test_batch_lines_go_to_the_batch_lane_where_the_same_request_live_would_not(
+    tmp_path: Path,
+) -> None:
+    # The broker serves the interactive lane first (tests/unit/broker/test_broker_queue.py),
+    # so a batch never delays a live query as long as its lines go on the batch lane.
+    fake = LaneRecorder()
+    client = await serve(fake, jobs=JobsConfig(str(tmp_path / "state"), owner="t:0:0"))
+    try:
+        live = await client.post("/v1/embeddings", json={"model": "org/tiny", "input": "a b"})
+        assert live.status == 200 and fake.lanes == [Lane.INTERACTIVE]
+        made = await (await client.post("/v1/files", data=form(jsonl("a b", "a b")))).json()
+        body = {"input_file_id": made["id"], "endpoint": "/v1/embeddings"}
+        batch = await (await client.post("/v1/batches", json=body)).json()
+        for _ in range(200):
+            batch = await (await client.get(f"/v1/batches/{batch['id']}")).json()
+            if batch["status"] == "completed":
+                break
+            await asyncio.sleep(0.05)
+        assert batch["status"] == "completed"
+        assert fake.lanes == [Lane.INTERACTIVE, Lane.BATCH, Lane.BATCH]
+    finally:
+        await client.close()
