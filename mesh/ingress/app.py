@@ -58,7 +58,6 @@ from mesh.ingress import (
     sparse,
     tei,
 )
-from mesh.ingress.batch_store import JOBS, Jobs
 from mesh.ingress.catalog import Catalog
 from mesh.ingress.config import IngressConfig
 from mesh.ingress.embeddings import embed
@@ -125,10 +124,8 @@ def create_app(cfg: IngressConfig, client: MeshClient | None = None) -> web.Appl
     docs_page.add_routes(app, cfg)  # /openapi.json and /docs, open as /health
     files.add_routes(app)  # OpenAI's /v1/files (batch input and output files)
     batches.add_routes(app)  # OpenAI's /v1/batches
-    if cfg.jobs is not None:
-        app[JOBS] = Jobs(cfg.jobs)
     app.cleanup_ctx.append(_client_lifetime)
-    app.cleanup_ctx.append(batch_runner.lifetime)  # after the client starts, before it closes
+    batch_runner.attach(app, cfg.jobs)  # the store and its runner, after the client's start
     return app
 
 

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from mesh.ingress.batch_lines import ChunkFailed, run_line, validate
 from mesh.ingress.batch_store import JOBS, Jobs
+from mesh.ingress.config import JobsConfig
 from mesh.ingress.state import STATE, IngressState
 from mesh.jobs import Batch, JobStore, Lease, LeaseLost, LineResult
 from mesh.jobs.store import DEFAULT_LEASE_S
@@ -69,7 +70,7 @@ class BatchRunner:
         now = time.monotonic()
         if now - self._swept >= SWEEP_S:
             self._swept = now
-            await self.jobs.run(_sweep, store)
+            self.jobs.progress.update(await self.jobs.run(_sweep, store))
         if now - self._purged >= PURGE_S:
             self._purged = now
             purged = await self.jobs.run(store.purge)
@@ -150,10 +151,10 @@ class BatchRunner:
         await asyncio.gather(*self.chunks, return_exceptions=True)
 
 
-def _sweep(store: JobStore) -> None:
+def _sweep(store: JobStore) -> list[Batch]:
+    """Expire and finalize what is due; each unfinished batch as it is after that."""
     store.expire()
-    for batch_id in store.unfinished_batches():
-        store.finalize(batch_id)
+    return [store.finalize(batch_id) for batch_id in store.unfinished_batches()]
 
 
 def _validate(store: JobStore, batch: Batch) -> None:
@@ -171,13 +172,20 @@ def _validate(store: JobStore, batch: Batch) -> None:
         log.info("batch %s: not started: %s", batch.id, exc)
 
 
-async def lifetime(app: web.Application) -> AsyncIterator[None]:
+def attach(app: web.Application, cfg: JobsConfig | None) -> None:
+    """Give the app its store handle, the batch gauges and the runner (with ``cfg``: none
+    without it). Call it after the client's cleanup context: the runner needs the client."""
+    if cfg is None:
+        return
+    jobs = app[JOBS] = Jobs(cfg)
+    app[STATE].metrics.exposed.register(jobs.progress)
+    app.cleanup_ctx.append(_lifetime)
+
+
+async def _lifetime(app: web.Application) -> AsyncIterator[None]:
     """The app's cleanup context: the runner runs while the app serves (after the client
     starts, before it closes)."""
-    jobs = app.get(JOBS)
-    if jobs is None:
-        yield
-        return
+    jobs = app[JOBS]
     runner = BatchRunner(app[STATE], jobs)
     task = asyncio.create_task(runner.run())
     yield

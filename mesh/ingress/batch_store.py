@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from aiohttp import web
 
+from mesh.ingress.batch_metrics import BatchProgress
 from mesh.ingress.config import JobsConfig
 from mesh.ingress.http_errors import ApiError
 from mesh.jobs import Conflict, JobStore, NotFound, TooLarge, open_store
@@ -35,6 +36,7 @@ class Jobs:
     def __init__(self, cfg: JobsConfig) -> None:
         self.cfg = cfg
         self._store: JobStore | None = None
+        self.progress = BatchProgress()  # /metrics' gauges, refreshed by the runner
         self._pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="embedmesh-jobs")
         self._opening = asyncio.Lock()
 

@@ -128,6 +128,9 @@ async def test_a_batch_runs_through_the_embeddings_path_to_its_output_file(
     assert row["response"]["body"]["error"]["param"] == "input"
     again = await jobs_http.post(f"/v1/batches/{batch['id']}/cancel")
     assert again.status == 409
+    metrics = await (await jobs_http.get("/metrics")).text()
+    assert 'embedmesh_batches{status="in_progress"}' in metrics
+    assert 'embedmesh_batch_tokens{state="done"}' in metrics
 
 
 class LaneRecorder(FakeClient):
