@@ -35,7 +35,8 @@ CHUNKS_IN_FLIGHT = 2  # per process: one running, one ready behind it
 LINES_IN_FLIGHT = 8  # per chunk: requests on the mesh at once
 POLL_S = 0.5  # the loop's pause when there is nothing to claim
 SWEEP_S = 5.0  # expire and finalize this often (a cancel with no chunk to commit ends here)
-PURGE_S = 600.0  # delete the files whose retention passed this often
+PURGE_S = 600.0
+RETRY_S = 5.0  # the pause after the store failed a step  # delete the files whose retention passed this often
 RENEW_S = DEFAULT_LEASE_S / 3
 
 
@@ -51,20 +52,34 @@ class BatchRunner:
     async def run(self) -> None:
         while not self.jobs.exists():  # SQLite: nothing to do until the first upload
             await asyncio.sleep(POLL_S)
-        store = await self.jobs.store()
-        freed = await self.jobs.run(store.release_owner, self.owner)
-        if freed:
-            log.info("batch runner %s: resumed %d chunks its predecessor held", self.owner, freed)
+        store = await self._open()
         while True:
             try:
                 busy = await self._step(store)
             except Exception:
                 log.exception("batch runner %s: a step failed; going on", self.owner)
+                await asyncio.sleep(RETRY_S)  # a database that is down is not asked 2x a second
                 busy = False
             if not busy:
                 self.wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), POLL_S)
+
+    async def _open(self) -> JobStore:
+        """The store, with what a killed predecessor of this owner id held freed; retried
+        while the database cannot be reached."""
+        while True:
+            try:
+                store = await self.jobs.store()
+                freed = await self.jobs.run(store.release_owner, self.owner)
+            except Exception as exc:
+                log.warning("batch runner %s: no store yet (%s); retrying", self.owner, exc)
+                await asyncio.sleep(RETRY_S)
+                continue
+            if freed:
+                log.info("batch runner %s: resumed %d chunks its predecessor held", self.owner,
+                         freed)  # fmt: skip
+            return store
 
     async def _step(self, store: JobStore) -> bool:
         now = time.monotonic()
@@ -108,13 +123,15 @@ class BatchRunner:
                 current = await self.jobs.run(store.renew, current)
                 if current.cancel_requested:
                     work.cancel()
-                    await self.jobs.run(store.release_chunk, current)
+                    with contextlib.suppress(LeaseLost):
+                        await self.jobs.run(store.release_chunk, current)
                     return
             results = work.result()
             await self.jobs.run(store.complete_chunk, current, results)
         except ChunkFailed as exc:
             log.warning("batch %s chunk %d failed: %s", lease.batch_id, lease.chunk_no, exc)
-            await self.jobs.run(store.fail_chunk, current, str(exc))
+            with contextlib.suppress(LeaseLost):
+                await self.jobs.run(store.fail_chunk, current, str(exc))
         except LeaseLost:
             work.cancel()
             log.info("batch %s chunk %d: lease lost", lease.batch_id, lease.chunk_no)
