@@ -15,45 +15,23 @@ import numpy as np
 import openai
 import pytest
 
+from tests.batch_client import (
+    TERMINAL,
+    assert_each_once,
+    client_of,
+    corpus_groups,
+    lines_of,
+    results,
+    start_running,
+    upload,
+    wait_batch,
+)
 from tests.e2e.conftest import Ingress
 from tests.integration.conftest import MODEL, Mesh
 from tests.pg_server import PostgresServer
 from tests.unit.jobs.conftest import postgres_server  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.timeout(300)
-TERMINAL = {"completed", "failed", "cancelled", "expired"}
-
-
-def client_of(ingress: Ingress) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{ingress.url}/v1", api_key="unused", max_retries=0)
-
-
-def lines_of(texts: list[list[str]], **body: object) -> bytes:
-    rows = [
-        {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/embeddings",
-         "body": {"model": MODEL, "input": group, **body}}
-        for i, group in enumerate(texts)
-    ]  # fmt: skip
-    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
-
-
-def upload(client: openai.OpenAI, data: bytes, name: str = "in.jsonl") -> str:
-    return client.files.create(file=(name, data), purpose="batch").id
-
-
-def wait_batch(client: openai.OpenAI, batch_id: str, until: set[str], timeout_s: float = 180):  # noqa: ANN201
-    deadline = time.monotonic() + timeout_s
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in until or time.monotonic() > deadline:
-            return batch
-        time.sleep(0.2)
-
-
-def results(client: openai.OpenAI, file_id: str | None) -> list[dict]:
-    if file_id is None:
-        return []
-    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
 
 
 @pytest.fixture
@@ -76,16 +54,11 @@ def served(batch_mesh: tuple[Mesh, Path]) -> Iterator[Ingress]:
     ing.stop()
 
 
-def _corpus_groups(corpus: list[dict], n: int, per: int, max_chars: int = 600) -> list[list[str]]:
-    texts = [r["text"] for r in corpus if len(r["text"]) < max_chars]
-    return [texts[i * per : (i + 1) * per] for i in range(n)]
-
-
 def test_a_batch_through_the_openai_client_equals_the_embeddings_route(
     served: Ingress, corpus: list[dict]
 ) -> None:
-    client = client_of(served)
-    groups = _corpus_groups(corpus, 24, 3)
+    client = client_of(served.url)
+    groups = corpus_groups(corpus, 24, 3)
     good = lines_of(groups)
     bad = [
         {"custom_id": "bad-empty", "method": "POST", "url": "/v1/embeddings",
@@ -131,7 +104,7 @@ def test_a_batch_through_the_openai_client_equals_the_embeddings_route(
 def test_a_file_that_is_not_jsonl_or_names_another_route_fails_validation(
     served: Ingress,
 ) -> None:
-    client = client_of(served)
+    client = client_of(served.url)
     not_jsonl = upload(client, b'this is not json\n{"custom_id": "a"}\n', "x.txt")
     other = upload(client, lines_of([["hi"]]).replace(b"/v1/embeddings", b"/v1/chat/completions"))
     for file_id, code in ((not_jsonl, "invalid_json_line"), (other, "mismatched_endpoint")):
@@ -150,8 +123,8 @@ def test_a_file_that_is_not_jsonl_or_names_another_route_fails_validation(
 
 
 def test_cancel_reaches_cancelled_within_seconds(served: Ingress, corpus: list[dict]) -> None:
-    client = client_of(served)
-    file_id = upload(client, lines_of(_corpus_groups(corpus, 400, 4)))
+    client = client_of(served.url)
+    file_id = upload(client, lines_of(corpus_groups(corpus, 400, 4)))
     batch = client.batches.create(
         input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h"
     )
@@ -166,37 +139,14 @@ def test_cancel_reaches_cancelled_within_seconds(served: Ingress, corpus: list[d
         client.batches.cancel(batch.id)
 
 
-def _assert_each_once(client: openai.OpenAI, batch, n: int) -> None:  # noqa: ANN001
-    assert batch.status == "completed", batch
-    out = results(client, batch.output_file_id)
-    assert [r["custom_id"] for r in out] == [f"req-{i}" for i in range(n)]
-    assert batch.request_counts.completed == n and batch.request_counts.failed == 0
-
-
-def _start_running(client: openai.OpenAI, corpus: list[dict], n: int):  # noqa: ANN202
-    # Short single texts: a chunk (100 lines) commits soon even on a busy 2-core machine.
-    file_id = upload(client, lines_of(_corpus_groups(corpus, n, 1, 200)))
-    batch = client.batches.create(
-        input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h"
-    )
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:  # mid-way: a chunk committed, more to do
-        now = client.batches.retrieve(batch.id)
-        if now.request_counts.completed > 0 or now.status in TERMINAL:
-            break
-        time.sleep(0.1)
-    assert now.status == "in_progress" and 0 < now.request_counts.completed < n, now
-    return batch
-
-
 def test_a_batch_survives_kill_9_of_its_worker_and_of_its_ingress(
     batch_mesh: tuple[Mesh, Path], corpus: list[dict]
 ) -> None:
     mesh, state = batch_mesh
     ing = Ingress(mesh, "--state-dir", str(state))
     ing.wait_health()
-    client = client_of(ing)
-    batch = _start_running(client, corpus, 300)
+    client = client_of(ing.url)
+    batch = start_running(client, corpus, 300)
     mesh.workers[0].kill()
     mesh.start_worker("--threads", "2")
     ing.proc.kill()  # kill -9: its leases stay until a process with its owner id frees them
@@ -204,7 +154,7 @@ def test_a_batch_survives_kill_9_of_its_worker_and_of_its_ingress(
     again = Ingress(mesh, "--state-dir", str(state), port=ing.port)
     again.wait_health()
     try:
-        _assert_each_once(client, wait_batch(client, batch.id, TERMINAL), 300)
+        assert_each_once(client, wait_batch(client, batch.id, TERMINAL), 300)
     finally:
         again.stop()
 
@@ -215,8 +165,8 @@ def test_the_whole_mesh_killed_and_started_again_finishes_the_batch(
     mesh, state = batch_mesh
     ing = Ingress(mesh, "--state-dir", str(state))
     ing.wait_health()
-    client = client_of(ing)
-    batch = _start_running(client, corpus, 300)
+    client = client_of(ing.url)
+    batch = start_running(client, corpus, 300)
     for proc in (ing.proc, mesh.broker, *mesh.workers):
         proc.kill()
     for proc in (ing.proc, mesh.broker, *mesh.workers):
@@ -229,8 +179,8 @@ def test_the_whole_mesh_killed_and_started_again_finishes_the_batch(
     again = Ingress(fresh, "--state-dir", str(state))
     try:
         again.wait_health()
-        client = client_of(again)
-        _assert_each_once(client, wait_batch(client, batch.id, TERMINAL), 300)
+        client = client_of(again.url)
+        assert_each_once(client, wait_batch(client, batch.id, TERMINAL), 300)
     finally:
         again.stop()
         fresh.stop()
@@ -247,11 +197,11 @@ def test_two_ingresses_on_one_postgresql_store_finish_a_batch_after_its_acceptor
     try:
         first.wait_health()
         second.wait_health()
-        batch = _start_running(client_of(first), corpus, 300)
+        batch = start_running(client_of(first.url), corpus, 300)
         first.proc.kill()  # its leases run out; the other process resumes its chunks
         first.proc.wait()
-        client = client_of(second)
-        _assert_each_once(client, wait_batch(client, batch.id, TERMINAL), 300)
+        client = client_of(second.url)
+        assert_each_once(client, wait_batch(client, batch.id, TERMINAL), 300)
     finally:
         first.stop()
         second.stop()
