@@ -112,40 +112,36 @@ class BatchRunner:
         self.wake.set()
 
     async def _chunk(self, store: JobStore, lease: Lease) -> None:
-        lines = await self.jobs.run(store.read_chunk, lease)
-        work = asyncio.create_task(self._lines(lease, lines))
         current = lease
+        work: asyncio.Task[list[LineResult]] | None = None
         try:
-            while True:
-                done, _ = await asyncio.wait({work}, timeout=RENEW_S)
-                if done:
-                    break
+            lines = await self.jobs.run(store.read_chunk, lease)
+            work = asyncio.create_task(self._lines(lease, lines))
+            while not (await asyncio.wait({work}, timeout=RENEW_S))[0]:
                 current = await self.jobs.run(store.renew, current)
-                if current.cancel_requested:
+                if current.cancel_requested:  # cancelled, or past its window: stop here
                     work.cancel()
-                    with contextlib.suppress(LeaseLost):
-                        await self.jobs.run(store.release_chunk, current)
+                    await self.jobs.run(store.release_chunk, current)
                     return
-            results = work.result()
-            await self.jobs.run(store.complete_chunk, current, results)
+            await self.jobs.run(store.complete_chunk, current, work.result())
         except ChunkFailed as exc:
             log.warning("batch %s chunk %d failed: %s", lease.batch_id, lease.chunk_no, exc)
             with contextlib.suppress(LeaseLost):
                 await self.jobs.run(store.fail_chunk, current, str(exc))
         except LeaseLost:
-            work.cancel()
             log.info("batch %s chunk %d: lease lost", lease.batch_id, lease.chunk_no)
         except asyncio.CancelledError:
-            work.cancel()
             # Stopping: give the chunk back now rather than when its lease runs out.
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.jobs.run(store.release_chunk, current))
             raise
         except Exception:
-            work.cancel()
             log.exception("batch %s chunk %d", lease.batch_id, lease.chunk_no)
             with contextlib.suppress(Exception):
                 await self.jobs.run(store.fail_chunk, current, "the runner failed on it")
+        finally:
+            if work is not None:
+                work.cancel()  # a no-op once it is done
 
     async def _lines(self, lease: Lease, lines: list[bytes]) -> list[LineResult]:
         gate = asyncio.Semaphore(LINES_IN_FLIGHT)
