@@ -74,3 +74,9 @@ def test_the_lease_owner_is_host_port_and_slot_stable_across_restarts() -> None:
     assert jobs_config(IngressArgs(http_port=8000, ingress_slot=3)).owner == first.owner
     assert jobs_config(IngressArgs(http_port=8000)).owner.endswith(":8000:0")
     assert first.retention_s == 30 * 86400 and first.max_file_bytes == 200 << 20
+
+
+def test_a_state_url_that_is_not_postgresql_is_refused_at_start() -> None:
+    with pytest.raises(click.BadParameter, match="postgresql://"):
+        jobs_config(IngressArgs(state_url="mysql://db/x"))
+    assert jobs_config(IngressArgs(state_url="postgresql://db/x")).state_url == "postgresql://db/x"
