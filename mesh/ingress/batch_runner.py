@@ -31,6 +31,10 @@ from mesh.jobs.store import DEFAULT_LEASE_S
 log = logging.getLogger("embedmesh.batches")
 
 CHUNK_LINES = 100  # input lines per chunk (lease and retry unit); 10..1000 is reasonable
+# A small batch is cut finer, into about this many chunks of at least MIN_CHUNK_LINES: its
+# work spreads over processes and its request_counts move while it runs.
+MIN_CHUNKS = 8
+MIN_CHUNK_LINES = 10
 CHUNKS_IN_FLIGHT = 2  # per process: one running, one ready behind it
 LINES_IN_FLIGHT = 8  # per chunk: requests on the mesh at once
 POLL_S = 0.5  # the loop's pause when there is nothing to claim
@@ -164,6 +168,11 @@ class BatchRunner:
         await asyncio.gather(*self.chunks, return_exceptions=True)
 
 
+def chunk_lines(lines: int) -> int:
+    """Lines per chunk of a batch of ``lines``: CHUNK_LINES, fewer for a small batch."""
+    return max(MIN_CHUNK_LINES, min(CHUNK_LINES, -(-lines // MIN_CHUNKS)))
+
+
 def _sweep(store: JobStore) -> list[Batch]:
     """Expire and finalize what is due; each unfinished batch as it is after that."""
     store.expire()
@@ -180,6 +189,9 @@ def _validate(store: JobStore, batch: Batch) -> None:
             log.info("batch %s failed validation: %s", batch.id, errors[0].message)
             return
         chunks = store.plan_chunks(batch.input_file_id, CHUNK_LINES)
+        lines = chunks[-1].end_line if chunks else 0
+        if chunk_lines(lines) < CHUNK_LINES:  # a small file: a second pass is cheap
+            chunks = store.plan_chunks(batch.input_file_id, chunk_lines(lines))
         store.start_batch(batch.id, chunks, tokens_total=tokens)
     except Exception as exc:  # cancelled meanwhile, or another validator won: theirs now
         log.info("batch %s: not started: %s", batch.id, exc)

@@ -11,6 +11,7 @@ import pytest
 from launch.ingress_role import duration_s, jobs_config
 from launch.options import IngressArgs
 from mesh.ingress.batch_lines import MAX_ERRORS, estimate_tokens, validate
+from mesh.ingress.batch_runner import CHUNK_LINES, MIN_CHUNK_LINES, chunk_lines
 
 
 def line(custom_id: str = "a", url: str = "/v1/embeddings", **extra: object) -> bytes:
@@ -80,3 +81,9 @@ def test_a_state_url_that_is_not_postgresql_is_refused_at_start() -> None:
     with pytest.raises(click.BadParameter, match="postgresql://"):
         jobs_config(IngressArgs(state_url="mysql://db/x"))
     assert jobs_config(IngressArgs(state_url="postgresql://db/x")).state_url == "postgresql://db/x"
+
+
+def test_a_small_batch_is_cut_into_smaller_chunks_a_large_one_into_full_ones() -> None:
+    assert chunk_lines(3) == MIN_CHUNK_LINES
+    assert chunk_lines(300) == 38  # 8 chunks
+    assert chunk_lines(100_000) == CHUNK_LINES
