@@ -179,6 +179,7 @@ def run_worker(
     """A worker of ``cfg`` on the first of ``brokers`` (the default backend when none)."""
     import torch
 
+    from mesh.worker.budget import auto_budget, budget_is_auto
     from mesh.worker.engine.card import default_model_path
     from mesh.worker.engine.engine import Engine
     from mesh.worker.server import WorkerOptions, WorkerServer
@@ -193,18 +194,23 @@ def run_worker(
         # the CPU workers of a mixed fleet.
         log.warning("--kernels %s applies to CUDA workers only; this one runs on CPU", kernels)
         kernels = None
+    auto = budget_is_auto(cfg.max_batch_tokens, device)
     engine = Engine.load(
         model_dir,
         device=device,
         dtype=dtype,
         served_name=cfg.served_name,
-        max_batch_tokens=cfg.max_batch_tokens,
+        max_batch_tokens=None if auto or cfg.max_batch_tokens is None else int(cfg.max_batch_tokens),
         threads=cfg.threads,
         kernels=kernels,
         exact_gelu=cfg.exact_gelu,
     )
     if cfg.buckets:
         engine.warmup(cfg.buckets)
+    tokens_per_s = 0.0
+    if auto:
+        chosen = auto_budget(engine)
+        engine.max_batch_tokens, tokens_per_s = chosen.tokens, chosen.tokens_per_s
     card = engine.card
     info = model_info(engine)
     live = live_lane_on(cfg.live_lane, engine.device.type, cfg.credits)
@@ -218,6 +224,7 @@ def run_worker(
         test_hang_after=hang_after_from_env(),
         watchdog_s=WORKER_WATCHDOG_S if cfg.watchdog_s is None else cfg.watchdog_s,
         profile_out=cfg.profile_out,
+        tokens_per_s=tokens_per_s,
     )
     ctx = zmq.Context()
     server = WorkerServer(
