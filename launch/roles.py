@@ -195,12 +195,13 @@ def run_worker(
         log.warning("--kernels %s applies to CUDA workers only; this one runs on CPU", kernels)
         kernels = None
     auto = budget_is_auto(cfg.max_batch_tokens, device)
+    budget = None if auto or cfg.max_batch_tokens is None else int(cfg.max_batch_tokens)
     engine = Engine.load(
         model_dir,
         device=device,
         dtype=dtype,
         served_name=cfg.served_name,
-        max_batch_tokens=None if auto or cfg.max_batch_tokens is None else int(cfg.max_batch_tokens),
+        max_batch_tokens=budget,
         threads=cfg.threads,
         kernels=kernels,
         exact_gelu=cfg.exact_gelu,
