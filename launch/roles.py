@@ -101,6 +101,7 @@ def run_broker(args: BrokerArgs, liveness: Liveness, security: Security) -> None
         live_window_s=args.live_window,
         orphan_grace_s=args.orphan_grace,
         forget_model_s=args.forget_model_after,
+        cpu_bulk_ms=args.cpu_bulk_ms,
     )
     check_endpoint_free(frontend, "--frontend")
     check_endpoint_free(backend, "--backend")

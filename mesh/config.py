@@ -38,9 +38,17 @@ LIVE_BULK_BATCHES = 1.0  # 0.5..2: bulk a worker may hold while live, in its bat
 # GPU one 16k batch is 2-30 ms, so the batch cap above binds; on a CPU one 8k batch is over a
 # second, so this one does (bulk goes in small batches while queries come). 20..1000.
 LIVE_BULK_MS = 100.0
+# A CPU worker holds at most this much batch-lane work at any time, live traffic or not, in
+# milliseconds of its compute (and one credit stays free): a query arriving after a quiet
+# spell then waits behind one short bulk batch, not a full one of a second or more. On a GPU
+# the live lane (or the live window's cap) does this. 0 turns it off; 50..300.
+CPU_BULK_MS = 100.0
 # Batches of at least this many tokens (or an eighth of the worker's budget, if smaller) teach
 # the broker a worker's rate: small ones are all fixed cost and would make it look slow.
 RATE_MIN_BATCH_TOKENS = 1024
+# ... or, on a CPU, batches that took at least this long (its bulk is bounded in time, see
+# CPU_BULK_MS; a one-query batch there takes 8-15 ms, mostly fixed cost). 20..100.
+RATE_MIN_CPU_MS = 50.0
 # A model whose last worker left is forgotten by the broker after this long: requests for it then
 # get MODEL_NOT_FOUND instead of UNAVAILABLE. As the ingress's FORGET_UNSERVED_AFTER_S; 60..3600.
 MODEL_FORGET_S = 600.0

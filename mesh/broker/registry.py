@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mesh.config import RATE_MIN_BATCH_TOKENS
+from mesh.config import RATE_MIN_BATCH_TOKENS, RATE_MIN_CPU_MS
 from proto_msgs import ModelInfo, WorkerReady
 from proto_msgs.checks import find_model
 
@@ -28,11 +28,20 @@ class WorkerState:
     live_credits: int = 0  # of credits, those kept for its live lane (WorkerReady); 0: none
     live_tokens: int = 0  # the largest batch its live lane runs
 
+    @property
+    def on_cpu(self) -> bool:
+        return self.device.startswith("cpu")
+
     def note_compute(self, tokens: int, compute_ms: float) -> None:
         """Learn the worker's rate from a batch's result (large batches only: see config)."""
         # compute_ms comes from a peer: a NaN would stick in the average and a denormal make
         # the rate infinite, which bulk_cap cannot turn into tokens (every dispatch then fails).
-        if not compute_ms > 0 or tokens < min(RATE_MIN_BATCH_TOKENS, self.max_batch_tokens // 8):
+        if not compute_ms > 0:
+            return
+        # A CPU worker's bulk comes in batches bounded in time (cpu_bulk_ms), maybe under the
+        # token floor: one long enough is no longer all fixed cost.
+        long = self.on_cpu and compute_ms >= RATE_MIN_CPU_MS
+        if tokens < min(RATE_MIN_BATCH_TOKENS, self.max_batch_tokens // 8) and not long:
             return
         # A live lane's batch, timed beside bulk, is not its rate; but a worker whose whole
         # budget fits its lane runs every batch there, and would never learn one.
@@ -77,6 +86,8 @@ class Registry:
             progress_at=now,
             live_credits=ready.live_credits,
             live_tokens=ready.live_tokens,
+            # Its own measure until its batches teach the broker one (0: not measured).
+            rate=ready.tokens_per_s,
         )
         self.workers[identity] = state
         # The first of each stays: the caller refuses a card that conflicts with a known one

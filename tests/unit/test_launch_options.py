@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from launch import config_file
 from launch.cli import main, parse
-from launch.options import GROUPS, Declared, LaunchArgs, declared
+from launch.options import GROUPS, BatchBudget, Declared, LaunchArgs, declared
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,6 +47,8 @@ def _sample(option: Declared, tmp: Path) -> Any:
         return next(c for c in kind.choices if c != default)
     if kind is None or kind is click.BOOL:
         return True if default is None else not default
+    if isinstance(kind, BatchBudget):  # a number or "auto": the word, which must print back
+        return "auto"
     if isinstance(kind, click.types.IntParamType):  # IntRange too: within each range declared
         return max(getattr(kind, "min", None) or 0, default or 0) + 1
     if isinstance(kind, click.types.FloatParamType):
