@@ -10,9 +10,9 @@ speed before any batch came back) and logs the curve, one line a point.
 
 The sweep stays cheap: each point runs ``repeats`` times, the fastest counted, after a warm-up
 run (on a CPU before the first point only; on CUDA at each point, its graph captured first,
-outside the lazy capture budget); a point
-whose batch would take longer than ``max_point_s`` (from the rate so far) is not run, and on
-CUDA one that runs out of memory ends the sweep (the budget is capped by memory there).
+outside the lazy capture budget). Past the first ``MIN_POINTS``, a point whose batch would
+take longer than ``max_point_s`` (at the best rate so far) is not run; on CUDA a point that
+runs out of memory ends the sweep (the budget is capped by memory there).
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ GPU_RANGE = (1024, 65536)
 # on 2 CPU cores MiniLM's 2k batch takes ~0.25 s, the 4k one is not run, the sweep takes ~2 s.
 MAX_POINT_S = 0.4
 REPEATS = 2  # timed runs per point after its warm-up run; the fastest counts
+# The first this many points are run whatever their time: one slow point (a busy host, a
+# large model) must not leave the curve a single point, the smallest budget.
+MIN_POINTS = 3
 # Synthetic sequence lengths: uniform over this range (cut at the model's longest input), the
 # size of passages and queries in a corpus (the repository's averages ~120 tokens).
 SEQ_LENGTHS = (16, 256)
@@ -105,13 +108,14 @@ def measure_curve(
     max_point_s: float = MAX_POINT_S,
     repeats: int = REPEATS,
     clock: Callable[[], float] = time.perf_counter,
+    min_points: int = MIN_POINTS,
 ) -> list[CurvePoint]:
     """Throughput of ``engine`` at each of ``sizes`` (ascending), within the time and memory
-    caps in the module docstring; at least the first size is measured."""
+    caps in the module docstring; the first ``min_points`` sizes whatever their time."""
     curve: list[CurvePoint] = []
     best = 0.0
     for tokens in sizes:
-        if curve and tokens / best > max_point_s:
+        if len(curve) >= min_points and tokens / best > max_point_s:
             log.info("max batch tokens auto: %d tokens not tried (over %.1f s a batch at "
                      "%.0f tokens/s)", tokens, max_point_s, best)  # fmt: skip
             break
