@@ -46,9 +46,6 @@ CPU_BULK_MS = 100.0
 # Batches of at least this many tokens (or an eighth of the worker's budget, if smaller) teach
 # the broker a worker's rate: small ones are all fixed cost and would make it look slow.
 RATE_MIN_BATCH_TOKENS = 1024
-# ... or, on a CPU, batches that took at least this long (its bulk is bounded in time, see
-# CPU_BULK_MS; a one-query batch there takes 8-15 ms, mostly fixed cost). 20..100.
-RATE_MIN_CPU_MS = 50.0
 # A model whose last worker left is forgotten by the broker after this long: requests for it then
 # get MODEL_NOT_FOUND instead of UNAVAILABLE. As the ingress's FORGET_UNSERVED_AFTER_S; 60..3600.
 MODEL_FORGET_S = 600.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mesh.config import RATE_MIN_BATCH_TOKENS, RATE_MIN_CPU_MS
+from mesh.config import RATE_MIN_BATCH_TOKENS
 from proto_msgs import ModelInfo, WorkerReady
 from proto_msgs.checks import find_model
 
@@ -27,21 +27,27 @@ class WorkerState:
     rate: float = 0.0  # tokens per second of compute on its large batches; 0 while unknown
     live_credits: int = 0  # of credits, those kept for its live lane (WorkerReady); 0: none
     live_tokens: int = 0  # the largest batch its live lane runs
+    # The rate is the worker's own measure from READY, not yet learned from its batches: the
+    # first batch that teaches replaces it (measured at start, maybe beside a busy host).
+    rate_announced: bool = False
 
     @property
     def on_cpu(self) -> bool:
         return self.device.startswith("cpu")
 
-    def note_compute(self, tokens: int, compute_ms: float) -> None:
+    def note_compute(self, tokens: int, compute_ms: float, bulk_tokens: int = 0) -> None:
         """Learn the worker's rate from a batch's result (large batches only: see config)."""
         # compute_ms comes from a peer: a NaN would stick in the average and a denormal make
         # the rate infinite, which bulk_cap cannot turn into tokens (every dispatch then fails).
         if not compute_ms > 0:
             return
-        # A CPU worker's bulk comes in batches bounded in time (cpu_bulk_ms), maybe under the
-        # token floor: one long enough is no longer all fixed cost.
-        long = self.on_cpu and compute_ms >= RATE_MIN_CPU_MS
-        if tokens < min(RATE_MIN_BATCH_TOKENS, self.max_batch_tokens // 8) and not long:
+        # A CPU worker's bulk comes in batches its rate bounds (cpu_bulk_ms), under the token
+        # floor maybe: any with batch-lane work teaches, or a rate too low would keep them too
+        # small to correct it. Batches of n tokens measure n / (c + n / R) for a fixed cost c
+        # of a few ms on a CPU and a peak R, so rate and cap climb together to R x (bound - c):
+        # they settle, never shrink away. Queries alone (10-30 tokens, mostly c) do not teach.
+        bounded = self.on_cpu and bulk_tokens > 0
+        if tokens < min(RATE_MIN_BATCH_TOKENS, self.max_batch_tokens // 8) and not bounded:
             return
         # A live lane's batch, timed beside bulk, is not its rate; but a worker whose whole
         # budget fits its lane runs every batch there, and would never learn one.
@@ -51,7 +57,9 @@ class WorkerState:
         if not math.isfinite(rate):
             return
         # A moving average: one slow batch (a graph capture, a noisy neighbour) moves it a little.
-        self.rate = rate if self.rate == 0.0 else 0.8 * self.rate + 0.2 * rate
+        first = self.rate == 0.0 or self.rate_announced
+        self.rate = rate if first else 0.8 * self.rate + 0.2 * rate
+        self.rate_announced = False
 
     def bulk_cap(self, batches: float, live_ms: float) -> int:
         """Batch-lane tokens it may hold while live traffic is about: ``batches`` of its
@@ -88,6 +96,7 @@ class Registry:
             live_tokens=ready.live_tokens,
             # Its own measure until its batches teach the broker one (0: not measured).
             rate=ready.tokens_per_s,
+            rate_announced=ready.tokens_per_s > 0,
         )
         self.workers[identity] = state
         # The first of each stays: the caller refuses a card that conflicts with a known one

@@ -446,7 +446,7 @@ class Broker:
         worker.progress_at = now  # a result is progress, before the next heartbeat says so
         if not 0.0 <= msg.compute_ms < math.inf:  # NaN too: peer input, sent on to clients
             msg.compute_ms = 0.0  # unknown; a NaN would 500 the ingress's timing headers
-        worker.note_compute(batch.tokens, msg.compute_ms)
+        worker.note_compute(batch.tokens, msg.compute_ms, batch.bulk_tokens)
         try:
             chunks = result_chunks(
                 batch.plan, msg, batch.dispatched_at, batch.sent_at, self._arrived

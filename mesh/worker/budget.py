@@ -10,9 +10,10 @@ speed before any batch came back) and logs the curve, one line a point.
 
 The sweep stays cheap: each point runs ``repeats`` times, the fastest counted, after a warm-up
 run (on a CPU before the first point only; on CUDA at each point, its graph captured first,
-outside the lazy capture budget). Past the first ``MIN_POINTS``, a point whose batch would
-take longer than ``max_point_s`` (at the best rate so far) is not run; on CUDA a point that
-runs out of memory ends the sweep (the budget is capped by memory there).
+outside the lazy capture budget). Past the first ``MIN_POINTS`` (two, once the sweep has run
+``MAX_SWEEP_S``), a point whose batch would take longer than ``max_point_s`` (at the best rate
+so far) is not run; on CUDA a point that runs out of memory ends the sweep (the budget is
+capped by memory there).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ REPEATS = 2  # timed runs per point after its warm-up run; the fastest counts
 # The first this many points are run whatever their time: one slow point (a busy host, a
 # large model) must not leave the curve a single point, the smallest budget.
 MIN_POINTS = 3
+# ... unless the sweep has run this long (a busy host): then two points are enough.
+MAX_SWEEP_S = 4.0
 # Synthetic sequence lengths: uniform over this range (cut at the model's longest input), the
 # size of passages and queries in a corpus (the repository's averages ~120 tokens).
 SEQ_LENGTHS = (16, 256)
@@ -109,13 +112,17 @@ def measure_curve(
     repeats: int = REPEATS,
     clock: Callable[[], float] = time.perf_counter,
     min_points: int = MIN_POINTS,
+    max_sweep_s: float = MAX_SWEEP_S,
 ) -> list[CurvePoint]:
     """Throughput of ``engine`` at each of ``sizes`` (ascending), within the time and memory
-    caps in the module docstring; the first ``min_points`` sizes whatever their time."""
+    caps in the module docstring; the first ``min_points`` sizes whatever their time (two
+    once ``max_sweep_s`` passed)."""
     curve: list[CurvePoint] = []
     best = 0.0
+    started = clock()
     for tokens in sizes:
-        if len(curve) >= min_points and tokens / best > max_point_s:
+        enough = min_points if clock() - started < max_sweep_s else min(2, min_points)
+        if len(curve) >= enough and tokens / best > max_point_s:
             log.info("max batch tokens auto: %d tokens not tried (over %.1f s a batch at "
                      "%.0f tokens/s)", tokens, max_point_s, best)  # fmt: skip
             break

@@ -5,13 +5,21 @@ query after a quiet spell is dispatched at once and waits behind one short batch
 
 from __future__ import annotations
 
+import pytest
 from fakes import Harness, answer, ready, submit
 
-from proto_msgs import BatchAssign, RequestResult
+from proto_msgs import BatchAssign, BatchResult, RequestResult
 
 # A worker of 1024-token batches computing 1024 tokens a second: 100 ms of it is 102 tokens.
 SLOW = dict(credits=2, max_batch_tokens=1024, max_batch_requests=512, tokens_per_s=1024.0)
 CAP = 1024 * 100 // 1000
+
+
+def at_rate(batch: BatchAssign, tokens_per_s: float = 1024.0) -> BatchResult:
+    """``batch``'s result, computed at ``tokens_per_s``."""
+    result = answer(batch)
+    result.compute_ms = len(batch.token_ids) / tokens_per_s * 1000
+    return result
 
 
 def bulk_batches(h: Harness) -> list[int]:
@@ -44,8 +52,8 @@ def test_a_lone_query_after_a_quiet_spell_goes_at_once_behind_one_short_batch() 
     [(_, query)] = h.back.take(BatchAssign)
     assert query.n == 1 and set(query.token_ids.tolist()) == {7}
     # Order at the worker: the one short bulk batch, then the query; then bulk goes on, bounded.
-    h.back.push(b"w1", answer(bulk))
-    h.back.push(b"w1", answer(query))
+    h.back.push(b"w1", at_rate(bulk))
+    h.back.push(b"w1", at_rate(query))
     h.pump()
     chunks = [m.cid for _, m in h.front.take(RequestResult)]
     assert chunks == [1, 100]
@@ -62,11 +70,11 @@ def test_the_bound_follows_the_rate_the_batches_teach() -> None:
         [(_, batch)] = h.back.take(BatchAssign)
         sizes.append(batch.n * 16)
         faster = answer(batch)
-        faster.compute_ms = batch.n * 16 / 1536 * 1000  # over RATE_MIN_CPU_MS: it teaches
+        faster.compute_ms = batch.n * 16 / 1536 * 1000  # a CPU's bulk teaches, small or not
         h.back.push(b"w1", faster)
         h.pump()
     [worker] = h.broker.registry.workers.values()
-    assert 1024.0 < worker.rate <= 1536.0  # a moving average toward 1536
+    assert worker.rate == pytest.approx(1536.0)  # the first batch replaced the announced rate
     assert sizes[0] <= CAP + 16 < sizes[-1] <= int(worker.rate * 0.1) + 16
 
 
@@ -93,3 +101,33 @@ def test_a_cpu_worker_of_unknown_rate_starts_with_its_budget() -> None:
     h.submit(submit(1, [16] * 256, lane=1))
     # Capped at one budget (live_bulk_batches) with a credit free until a rate is known.
     assert bulk_batches(h) == [1024]
+
+
+def test_an_announced_rate_far_too_low_is_replaced_by_the_first_bulk_batch() -> None:
+    # Measured at start beside a busy host: 100 tokens/s would keep every batch one sequence.
+    h = Harness(aging_s=60.0, cpu_bulk_ms=100.0)
+    h.add_worker(msg=ready(device="cpu", **{**SLOW, "tokens_per_s": 100.0}))
+    h.now = 50.0
+    h.submit(submit(1, [16] * 512, lane=1))
+    [(_, first)] = h.back.take(BatchAssign)
+    assert first.n == 1  # 10 tokens of compute: the head alone
+    real = answer(first)
+    real.compute_ms = 16 / 5000 * 1000  # 5,000 tokens a second
+    h.back.push(b"w1", real)
+    h.pump()
+    [worker] = h.broker.registry.workers.values()
+    assert worker.rate == pytest.approx(5000.0)
+    assert bulk_batches(h) == [496]  # ~500 tokens: 100 ms at the real rate
+
+
+def test_a_query_does_not_teach_a_cpu_workers_rate() -> None:
+    h = Harness(aging_s=60.0, cpu_bulk_ms=100.0)
+    h.add_worker(msg=ready(device="cpu", **SLOW))
+    h.submit(submit(100, [16], lane=0))  # a query: fixed cost, not a rate
+    [(_, query)] = h.back.take(BatchAssign)
+    slow = answer(query)
+    slow.compute_ms = 200.0
+    h.back.push(b"w1", slow)
+    h.pump()
+    [worker] = h.broker.registry.workers.values()
+    assert worker.rate == 1024.0 and worker.rate_announced

@@ -130,3 +130,14 @@ def test_a_size_that_runs_out_of_memory_ends_the_sweep() -> None:
     engine = FakeEngine(clock, oom_at=2048)
     points = measure_curve(engine, [256, 512, 1024, 2048, 4096], 10.0, 2, clock)  # type: ignore[arg-type]
     assert [p.tokens for p in points] == [256, 512, 1024]
+
+
+def test_a_sweep_past_its_time_settles_for_two_points() -> None:
+    clock = FakeClock()
+    engine = FakeEngine(clock)
+    # Every batch well over the point cap: three points within the sweep's time, two past it.
+    points = measure_curve(engine, [256, 512, 1024, 2048], 0.001, 2, clock, 3, 10.0)  # type: ignore[arg-type]
+    assert [p.tokens for p in points] == [256, 512, 1024]
+    clock.now, engine.runs = 0.0, []
+    points = measure_curve(engine, [256, 512, 1024, 2048], 0.001, 2, clock, 3, 0.1)  # type: ignore[arg-type]
+    assert [p.tokens for p in points] == [256, 512]
