@@ -161,9 +161,9 @@ class BrokerArgs:
         "that a model is forgotten (404 instead of 503).", "broker", POSITIVE,
         expert=True)  # fmt: skip
     cpu_bulk_ms: float = opt(config.CPU_BULK_MS, "The batch-lane work a CPU worker may hold at "
-        "any time, in milliseconds of its compute, one credit kept free: what a query waits "
-        "behind on a CPU; 0: capped only while live.", "broker", NON_NEGATIVE,
-        expert=True)  # fmt: skip
+        "any time, live or not, in milliseconds of its compute, one credit kept free: what a "
+        "query waits behind on a CPU (in place of live_bulk_ms); 0: as any worker.", "broker",
+        NON_NEGATIVE, expert=True)  # fmt: skip
 
 
 @dataclass

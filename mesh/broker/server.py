@@ -82,8 +82,8 @@ class BrokerOptions:
     # live_window_s.
     live_bulk_batches: float = LIVE_BULK_BATCHES
     live_bulk_ms: float = LIVE_BULK_MS  # ... and at most this much of its measured compute
-    # A CPU worker's bulk is capped at this much of its compute at all times (0: only while
-    # live, as any worker's): CPU_BULK_MS.
+    # A CPU worker's bulk is capped at this much of its compute at all times, instead of
+    # live_bulk_ms while live (0: as any other worker's): CPU_BULK_MS.
     cpu_bulk_ms: float = CPU_BULK_MS
     live_window_s: float = LIVE_WINDOW_S
     # Queued work of a model whose last worker left fails with UNAVAILABLE after this long.
@@ -329,11 +329,9 @@ class Broker:
             )
         # A CPU worker's bulk is bounded in time whether or not queries came lately: a lone
         # query must not find a batch of seconds running (docs/tuning.md).
+        # Its own bound then, live or not: one knob for what a query waits behind on a CPU.
         bounded = self.opts.cpu_bulk_ms > 0 and worker.on_cpu
-        live_ms = self.opts.live_bulk_ms
-        if bounded:
-            live = self.queue.live(model, now)
-            live_ms = min(live_ms, self.opts.cpu_bulk_ms) if live else self.opts.cpu_bulk_ms
+        live_ms = self.opts.cpu_bulk_ms if bounded else self.opts.live_bulk_ms
         return self.queue.form_batch(
             model,
             worker.max_batch_tokens,

@@ -131,3 +131,13 @@ def test_a_query_does_not_teach_a_cpu_workers_rate() -> None:
     h.pump()
     [worker] = h.broker.registry.workers.values()
     assert worker.rate == 1024.0 and worker.rate_announced
+
+
+def test_while_live_a_cpu_worker_keeps_its_own_bound() -> None:
+    h = Harness(aging_s=60.0, cpu_bulk_ms=300.0, live_bulk_ms=50.0)
+    h.add_worker(msg=ready(device="cpu", **SLOW))
+    h.make_live()
+    h.submit(submit(1, [16] * 128, lane=1))
+    # 300 ms of 1,024 tokens a second, not live_bulk_ms's 50.
+    [held] = bulk_batches(h)
+    assert 1024 * 50 // 1000 + 16 < held <= 1024 * 300 // 1000 + 16
