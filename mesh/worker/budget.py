@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mesh.worker.engine.engine import Engine
+from mesh.worker.engine.engine import GRAPH_MAX_TOKENS, Engine, default_max_batch_tokens
 
 log = logging.getLogger("embedmesh.worker")
 
@@ -165,13 +165,23 @@ def _time_batch(
 
 
 def auto_budget(engine: Engine) -> CurvePoint:
-    """Sweep ``engine`` and return the chosen point (logged with the curve). On CUDA the
-    candidates stop at the largest graph bucket, as the default budget does."""
+    """Sweep ``engine`` and return the chosen point (logged with the curve).
+
+    The candidates start at the model's longest input, or at the default budget where that is
+    shorter (so that auto never refuses an input the default takes), and stop at the largest
+    graph bucket on CUDA, as the default does. With one candidate there is nothing to choose:
+    its rate is left for the broker to learn (0)."""
     started = time.perf_counter()
     runner = engine.gpu_runner
     largest = runner.buckets[-1] if runner is not None and runner.buckets else None
-    sizes = candidates(engine.device.type, engine.card.max_input_tokens, largest)
-    curve = measure_curve(engine, sizes)
+    default = default_max_batch_tokens(engine.device.type, largest or GRAPH_MAX_TOKENS)
+    floor = min(engine.card.max_input_tokens, default)
+    sizes = candidates(engine.device.type, floor, largest)
+    curve = measure_curve(engine, sizes) if len(sizes) > 1 else []
+    if not curve:  # one candidate, or the first ran out of memory
+        log.info("max batch tokens auto: %d tokens, nothing measured (candidates %s)",
+                 sizes[0], sizes)  # fmt: skip
+        return CurvePoint(sizes[0], 0.0, 0.0)
     chosen = choose_budget(curve)
     log.info("max batch tokens auto: chose %d tokens (%.0f tokens/s, %.1f ms a batch; the "
              "smallest within %.0f%% of the best) after a %.1f s sweep", chosen.tokens,

@@ -12,6 +12,7 @@ import torch
 from mesh.worker.budget import (
     CPU_RANGE,
     CurvePoint,
+    auto_budget,
     budget_is_auto,
     candidates,
     choose_budget,
@@ -102,6 +103,7 @@ class FakeEngine:
     card: FakeCard = field(default_factory=FakeCard)
     vocab_size: int = 30522
     runs: list[int] = field(default_factory=list)
+    gpu_runner: None = None
 
     def warmup(self, buckets: list[int]) -> None:
         pass
@@ -141,3 +143,18 @@ def test_a_sweep_past_its_time_settles_for_two_points() -> None:
     clock.now, engine.runs = 0.0, []
     points = measure_curve(engine, [256, 512, 1024, 2048], 0.001, 2, clock, 3, 0.1)  # type: ignore[arg-type]
     assert [p.tokens for p in points] == [256, 512]
+
+
+def test_a_model_of_inputs_as_long_as_the_default_budget_keeps_it_unmeasured() -> None:
+    # Candidates 8,192 (the CPU default: an input over it is refused as by default) and 16,384;
+    # the first runs out of memory, so nothing is measured and the floor stands.
+    engine = FakeEngine(FakeClock(), oom_at=0, card=FakeCard(max_input_tokens=32768))
+    chosen = auto_budget(engine)  # type: ignore[arg-type]
+    assert (chosen.tokens, chosen.tokens_per_s) == (8192, 0.0) and engine.runs == []
+
+
+def test_auto_on_a_short_input_model_sweeps_from_its_longest_input() -> None:
+    engine = FakeEngine(FakeClock())
+    chosen = auto_budget(engine)  # type: ignore[arg-type]
+    assert engine.runs[0] == 256 and chosen.tokens in candidates("cpu", 256)
+    assert chosen.tokens_per_s > 0
