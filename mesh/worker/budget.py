@@ -77,15 +77,14 @@ def choose_budget(curve: list[CurvePoint], tolerance: float = TOLERANCE) -> Curv
 def candidates(device_type: str, min_tokens: int, max_tokens: int | None = None) -> list[int]:
     """Budgets to try on ``device_type``: powers of two over its range, none below
     ``min_tokens`` (the model's longest input must fit one batch: the first candidate is that
-    many tokens when it is not a power of two) and none above ``max_tokens`` (the largest CUDA
-    graph bucket: a batch over it runs eagerly)."""
+    many tokens when it is over the range's start and not a power of two) and none above
+    ``max_tokens`` (the largest CUDA graph bucket: a batch over it runs eagerly)."""
     low, high = GPU_RANGE if device_type == "cuda" else CPU_RANGE
     if max_tokens is not None:
         high = min(high, max_tokens)
+    floor = max(min_tokens, min(low, high), 1)
     sizes = [1 << k for k in range(low.bit_length() - 1, high.bit_length())]
-    sizes = [s for s in sizes if low <= s <= high and s > min_tokens]
-    floor = max(min_tokens, 1)
-    return [floor, *sizes] if floor <= high else [floor]
+    return [floor, *(s for s in sizes if floor < s <= high)]
 
 
 def synthetic_batch(tokens: int, max_len: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:

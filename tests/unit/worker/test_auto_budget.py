@@ -59,8 +59,13 @@ def test_the_longest_input_always_fits_the_first_candidate() -> None:
 
 
 def test_cuda_candidates_stop_at_the_largest_graph_bucket() -> None:
-    assert candidates("cuda", 512, 16384) == [512, 1024, 2048, 4096, 8192, 16384]
+    assert candidates("cuda", 512, 16384) == [1024, 2048, 4096, 8192, 16384]
     assert candidates("cuda", 512)[-1] == 65536
+    assert candidates("cuda", 256, 512) == [512]  # buckets capped low: the largest one
+
+
+def test_a_model_of_short_inputs_starts_at_the_range() -> None:
+    assert candidates("cpu", 128)[:2] == [256, 512]
 
 
 def test_a_synthetic_batch_holds_exactly_its_tokens_in_realistic_sequences() -> None:
