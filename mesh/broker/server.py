@@ -327,9 +327,9 @@ class Broker:
                 live_tokens=worker.live_tokens,
                 bulk_allowed=worker.free > worker.live_credits,
             )
-        # A CPU worker's bulk is bounded in time whether or not queries came lately: a lone
-        # query must not find a batch of seconds running (docs/tuning.md).
-        # Its own bound then, live or not: one knob for what a query waits behind on a CPU.
+        # A CPU worker's bulk is bounded in time whether or not queries came lately, by its
+        # own knob in place of live_bulk_ms: a lone query must not find a batch of seconds
+        # running (docs/tuning.md).
         bounded = self.opts.cpu_bulk_ms > 0 and worker.on_cpu
         live_ms = self.opts.cpu_bulk_ms if bounded else self.opts.live_bulk_ms
         return self.queue.form_batch(
