@@ -292,7 +292,14 @@ def _hops(
     help="[closed, open] Seconds of the same load, unbroken, before the measured window.",
 )
 @click.option("--latency-requests", default=300, help="[latency, hops] Queries measured.")
-@click.option("--live-rate", default=10.0, help="[mixed] Live queries per second, evenly spaced.")
+@click.option(
+    "--live-rate",
+    type=float,
+    multiple=True,
+    default=(10.0,),
+    help="[mixed] Live queries per second, evenly spaced; repeat for a window per rate "
+    "(e.g. 0.2, 1, 5, 20: give a sparse rate a --duration that holds enough queries).",
+)
 @click.option("--bulk-texts-per-request", default=64, help="[mixed] Inputs per bulk request.")
 @click.option(
     "--priority",

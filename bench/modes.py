@@ -4,7 +4,10 @@
 - ``mixed``: bulk (C clients of 64-text requests on the batch lane) alone for one window, then
   bulk plus live queries (one short query each, evenly spaced at ``--live-rate``, on the
   interactive lane) for a second window of the same length: both lanes' latency, and the bulk
-  rate with live traffic over the bulk rate alone, measured in the same run. Only the live
+  rate with live traffic over the bulk rate alone, measured in the same run. ``--live-rate``
+  repeated (``--live-rate 0.2 --live-rate 1 --live-rate 5 --live-rate 20``) measures one such
+  window per rate after the one of bulk alone: a live query's p50/p99 from sparse to dense
+  arrivals, and the bulk rate beside each, in one command. Only the live
   queries ask for the ingress's per-hop timings (``X-Embedmesh-Timings``): the bulk's would
   cost it and nobody reads them.
 
@@ -69,25 +72,23 @@ def phases(mode: str, work: Workload, o: dict[str, Any]) -> list[Phase]:
 def _mixed(work: Workload, o: dict[str, Any], timing: Timing) -> list[Phase]:
     if o["requests"]:
         raise ValueError("--mode mixed measures by --duration, not --requests")
-    tpr, conc, rate = o["bulk_texts_per_request"], o["concurrency"], o["live_rate"]
-    if rate <= 0:
+    tpr, conc = o["bulk_texts_per_request"], o["concurrency"]
+    rates = o["live_rate"] if isinstance(o["live_rate"], tuple | list) else (o["live_rate"],)
+    if not rates or min(rates) <= 0:
         raise ValueError("--mode mixed needs a positive --live-rate")
     bulk_bodies = _bodies(work.passages, o, tpr, WIRE_LANES[BULK])
     live_bodies = _bodies(work.queries, o, 1, WIRE_LANES[LIVE])
     bulk_load = f"{conc} clients x{tpr}, batch lane"
     alone = closed_jobs(BULK_ALONE, bulk_bodies, conc, o["procs"])
-    bulk = closed_jobs(BULK, bulk_bodies, conc, o["procs"])
-    # Only the live queries ask for per-hop timings: where a query's time goes under bulk load.
-    live = open_jobs(LIVE, live_bodies, rate, 1, seed=o["seed"], even=True, timings=True)
-    return [
-        Phase([[j] for j in alone], timing, {BULK_ALONE: bulk_load}, spawn=True),
-        Phase(
-            [[j] for j in bulk] + [live],
-            timing,
-            {BULK: bulk_load, LIVE: f"{rate:g}/s x1 query, interactive lane"},
-            spawn=True,
-        ),
-    ]
+    planned = [Phase([[j] for j in alone], timing, {BULK_ALONE: bulk_load}, spawn=True)]
+    for rate in rates:
+        bulk = closed_jobs(BULK, bulk_bodies, conc, o["procs"])
+        # Only the live queries ask for per-hop timings: where a query's time goes under bulk.
+        live = open_jobs(LIVE, live_bodies, rate, 1, seed=o["seed"], even=True, timings=True)
+        beside = f"{bulk_load}, beside {rate:g}/s live" if len(rates) > 1 else bulk_load
+        loads = {BULK: beside, LIVE: f"{rate:g}/s x1 query, interactive lane"}
+        planned.append(Phase([[j] for j in bulk] + [live], timing, loads, spawn=True))
+    return planned
 
 
 def _phase(per_process: list[list[Job]], timing: Timing, loads: dict[str, str]) -> Phase:

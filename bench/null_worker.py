@@ -108,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     cfg = args.worker
-    engine = NullEngine.from_model(
-        cfg.model or default_model_path(), cfg.max_batch_tokens, cfg.served_name
-    )
+    # No compute to measure: "auto" takes the CPU default.
+    budget = cfg.max_batch_tokens if isinstance(cfg.max_batch_tokens, int) else None
+    engine = NullEngine.from_model(cfg.model or default_model_path(), budget, cfg.served_name)
     link = args.link
     with contextlib.suppress(KeyboardInterrupt):
         serve_worker(cfg, engine, link.broker_endpoints, liveness_of(link), security_of(link))

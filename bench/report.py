@@ -231,10 +231,14 @@ def _noise_warning(r: Run) -> str:
 
 
 def _mixed_line(bulk: Run, runs: list[Run]) -> str:
-    """A mixed run in one line: what the live lane saw, what the bulk kept of its solo rate."""
-    live = next((r for r in runs if r.config == bulk.config and r.lane == "live"), None)
+    """A mixed run in one line: what the live lane saw, what the bulk kept of its solo rate.
+    Its live run is the one of its own window (the first live run after it: with several
+    --live-rate, each window has its own)."""
+    after = runs[runs.index(bulk) + 1 :]
+    live = next((r for r in after if r.config == bulk.config and r.lane == "live"), None)
+    beside = f" beside live {live.load.split('/s')[0]}/s" if live is not None else ""
     line = (
-        f"mixed in {bulk.config}: bulk {bulk.stats.tokens_per_s:.0f} tok/s = "
+        f"mixed in {bulk.config}{beside}: bulk {bulk.stats.tokens_per_s:.0f} tok/s = "
         f"{bulk.vs_alone:.2f}x of bulk alone"
     )
     if live is not None:

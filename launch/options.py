@@ -86,6 +86,26 @@ def opt(default: Any, help: str, group: str, type: click.ParamType | None = None
 
 
 INT, FLOAT, STR = click.INT, click.FLOAT, click.STRING
+
+
+class BatchBudget(click.ParamType):
+    """``--max-batch-tokens``: a positive number of tokens, or "auto" (measured at start)."""
+
+    name = "INTEGER|auto"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int | str:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        text = str(value).strip().lower()
+        if text == AUTO:
+            return AUTO
+        if text.isdigit() and int(text) >= 1:
+            return int(text)
+        self.fail(f"{value!r} is neither a positive number of tokens nor 'auto'", param, ctx)
+
+
+AUTO = "auto"
+BUDGET = BatchBudget()
 POSITIVE = click.FloatRange(min=0, min_open=True)
 NON_NEGATIVE = click.FloatRange(min=0)
 
@@ -146,6 +166,10 @@ class BrokerArgs:
     forget_model_after: float = opt(config.MODEL_FORGET_S, "Seconds after its last worker left "
         "that a model is forgotten (404 instead of 503).", "broker", POSITIVE,
         expert=True)  # fmt: skip
+    cpu_bulk_ms: float = opt(config.CPU_BULK_MS, "The batch-lane work a CPU worker may hold at "
+        "any time, live or not, in milliseconds of its compute, one credit kept free: what a "
+        "query waits behind on a CPU (in place of live_bulk_ms); 0: as any worker.", "broker",
+        NON_NEGATIVE, expert=True)  # fmt: skip
 
 
 @dataclass
@@ -164,8 +188,10 @@ class WorkerArgs:
     threads: int | None = opt(None, "torch threads of each worker.", "worker", INT,
         default_text="one per core; --role all on CPU: the cores split between "
         "--workers")  # fmt: skip
-    max_batch_tokens: int | None = opt(None, "Token budget of one batch.", "worker", INT,
-        default_text="8192 on CPU, more on GPU")  # fmt: skip
+    max_batch_tokens: int | str | None = opt(None, "Token budget of one batch, or auto: "
+        "measured at start (the smallest budget within 5% of the best throughput of a short "
+        "sweep, logged with its curve).", "worker", BUDGET,
+        default_text="auto on CPU; on GPU the largest CUDA graph bucket, 16384")  # fmt: skip
     credits: int | None = opt(None, "Batches in flight at once; 1..8.", "worker", INT,
         default_text=f"{config.WORKER_CREDITS}, one more with a live lane")  # fmt: skip
     max_batch_requests: int = opt(config.MAX_BATCH_REQUESTS, "Sequences in one batch at most.",

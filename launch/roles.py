@@ -101,6 +101,7 @@ def run_broker(args: BrokerArgs, liveness: Liveness, security: Security) -> None
         live_window_s=args.live_window,
         orphan_grace_s=args.orphan_grace,
         forget_model_s=args.forget_model_after,
+        cpu_bulk_ms=args.cpu_bulk_ms,
     )
     check_endpoint_free(frontend, "--frontend")
     check_endpoint_free(backend, "--backend")
@@ -177,13 +178,16 @@ def run_worker(
     cfg: WorkerArgs, brokers: tuple[str, ...], liveness: Liveness, security: Security
 ) -> None:
     """A worker of ``cfg`` on the first of ``brokers`` (the default backend when none)."""
-    serve_worker(cfg, load_engine(cfg), brokers, liveness, security)
+    engine, tokens_per_s = load_engine(cfg)
+    serve_worker(cfg, engine, brokers, liveness, security, tokens_per_s=tokens_per_s)
 
 
-def load_engine(cfg: WorkerArgs) -> Engine:
-    """The engine ``cfg`` asks for, loaded (and its ``--buckets`` warmed)."""
+def load_engine(cfg: WorkerArgs) -> tuple[Engine, float]:
+    """The engine ``cfg`` asks for, loaded (and its ``--buckets`` warmed), and, for
+    ``--max-batch-tokens auto``, the rate its chosen budget measured (0.0 otherwise)."""
     import torch
 
+    from mesh.worker.budget import auto_budget, budget_is_auto
     from mesh.worker.engine.card import default_model_path
     from mesh.worker.engine.engine import Engine
 
@@ -196,19 +200,25 @@ def load_engine(cfg: WorkerArgs) -> Engine:
         # the CPU workers of a mixed fleet.
         log.warning("--kernels %s applies to CUDA workers only; this one runs on CPU", kernels)
         kernels = None
+    auto = budget_is_auto(cfg.max_batch_tokens, device)
+    budget = None if auto or cfg.max_batch_tokens is None else int(cfg.max_batch_tokens)
     engine = Engine.load(
         model_dir,
         device=device,
         dtype=dtype,
         served_name=cfg.served_name,
-        max_batch_tokens=cfg.max_batch_tokens,
+        max_batch_tokens=budget,
         threads=cfg.threads,
         kernels=kernels,
         exact_gelu=cfg.exact_gelu,
     )
     if cfg.buckets:
         engine.warmup(cfg.buckets)
-    return engine
+    if not auto:
+        return engine, 0.0
+    chosen = auto_budget(engine)
+    engine.max_batch_tokens = chosen.tokens
+    return engine, chosen.tokens_per_s
 
 
 def serve_worker(
@@ -217,10 +227,13 @@ def serve_worker(
     brokers: tuple[str, ...],
     liveness: Liveness,
     security: Security,
+    *,
+    tokens_per_s: float = 0.0,
 ) -> None:
     """Serve ``engine`` (an :class:`Engine`, or a stand-in with its ``card``, ``vocab_size``,
     ``hidden_size`` and ``dtype``: the bench's null engine) as a worker of ``cfg`` on the
-    first of ``brokers``, until a signal stops it."""
+    first of ``brokers``, until a signal stops it. ``tokens_per_s``: the engine's measured
+    rate, announced in READY (0.0: not measured)."""
     from mesh.worker.server import WorkerOptions, WorkerServer
 
     broker = brokers[0] if brokers else DEFAULT_BACKEND
@@ -238,6 +251,7 @@ def serve_worker(
         test_hang_after=hang_after_from_env(),
         watchdog_s=WORKER_WATCHDOG_S if cfg.watchdog_s is None else cfg.watchdog_s,
         profile_out=cfg.profile_out,
+        tokens_per_s=tokens_per_s,
     )
     ctx = zmq.Context()
     server = WorkerServer(

@@ -38,6 +38,14 @@ LIVE_BULK_BATCHES = 1.0  # 0.5..2: bulk a worker may hold while live, in its bat
 # GPU one 16k batch is 2-30 ms, so the batch cap above binds; on a CPU one 8k batch is over a
 # second, so this one does (bulk goes in small batches while queries come). 20..1000.
 LIVE_BULK_MS = 100.0
+# A CPU worker holds at most this much batch-lane work at any time, live traffic or not, in
+# milliseconds of its compute (and one credit stays free), in place of LIVE_BULK_MS: a query
+# arriving after a quiet spell then waits behind one short bulk batch, not a full one of a
+# second or more. Longer than LIVE_BULK_MS because a CPU pays for each batch: its round trip
+# idles the cores, and at 20 queries a second each bulk batch sees about two query forwards
+# (13 ms each on 2 cores) go first; at 100 ms, bulk kept 0.79-0.83 of its rate at 5 queries a
+# second. On a GPU the live lane (or the live window's cap) does this. 0 turns it off; 50..300.
+CPU_BULK_MS = 150.0
 # Batches of at least this many tokens (or an eighth of the worker's budget, if smaller) teach
 # the broker a worker's rate: small ones are all fixed cost and would make it look slow.
 RATE_MIN_BATCH_TOKENS = 1024

@@ -26,6 +26,7 @@ decodes and sends the one-row-per-sequence messages it always did.
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -511,6 +512,10 @@ class WorkerReady(Message):
     # before the field).
     live_credits: int = 0
     live_tokens: int = 0
+    # Tokens per second it computes full batches at, as it measured at start
+    # (``--max-batch-tokens auto``): the broker's estimate of its speed until batches teach
+    # it one. 0: not measured.
+    tokens_per_s: float = 0.0
 
     def validate(self) -> None:
         if not 1 <= self.credits <= 64:
@@ -521,6 +526,8 @@ class WorkerReady(Message):
             raise ProtocolError("WorkerReady: live_tokens out of 1..max_batch_tokens")
         if self.max_batch_tokens < 1 or self.max_batch_requests < 1:
             raise ProtocolError("WorkerReady: budgets must be positive")
+        if not 0.0 <= self.tokens_per_s < math.inf:  # NaN fails too
+            raise ProtocolError("WorkerReady: tokens_per_s must be finite and not negative")
         # The broker declares the worker dead after heartbeat_ms x its liveness of silence: a
         # worker must not be able to make itself immortal.
         if not 1 <= self.heartbeat_ms <= 60_000:

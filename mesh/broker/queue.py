@@ -231,6 +231,7 @@ class Queue:
         bulk_held: int = 0,
         bulk_split: int = 1,
         last_credit: bool = False,
+        capped: bool = False,
     ) -> FormedBatch | None:
         """Cut the next batch for a worker of ``model``; None when there is nothing to report.
 
@@ -253,6 +254,10 @@ class Queue:
         credit, and a query arriving then waited in the broker for one to come back (3.5 ms
         mean on the H200). A worker holding no bulk may give it even its last credit, or
         queries overlapping at every reply would keep bulk out for good.
+
+        ``capped``: the cap (and the free last credit) applies whether the model is live or
+        not (the broker says so for a CPU worker, whose batches are slow enough that a query
+        arriving after a quiet spell would otherwise wait for a whole one).
         """
         if max_batch_tokens < 1 or max_batch_requests < 1:
             raise ValueError("a batch budget needs at least one token and one sequence")
@@ -260,7 +265,7 @@ class Queue:
         if mq is None:
             return None
         room = max_batch_tokens  # for batch-lane tokens in this batch
-        if bulk_cap is not None and self._live(mq, now):
+        if bulk_cap is not None and (capped or self._live(mq, now)):
             share = -(-bulk_cap // max(1, bulk_split))  # ceil: the split never loses a token
             keep_free = last_credit and bulk_held > 0
             room = 0 if keep_free else min(room, bulk_cap - bulk_held, share)

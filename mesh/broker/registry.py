@@ -29,12 +29,27 @@ class WorkerState:
     live_tokens: int = 0  # the largest batch its live lane runs
     batches_done: int = 0  # results it returned (mesh.broker.stats counts them)
     tokens_done: int = 0
+    # The rate is the worker's own measure from READY, not yet learned from its batches: the
+    # first batch that teaches replaces it (measured at start, maybe beside a busy host).
+    rate_announced: bool = False
 
-    def note_compute(self, tokens: int, compute_ms: float) -> None:
+    @property
+    def on_cpu(self) -> bool:
+        return self.device.startswith("cpu")
+
+    def note_compute(self, tokens: int, compute_ms: float, bulk_tokens: int = 0) -> None:
         """Learn the worker's rate from a batch's result (large batches only: see config)."""
         # compute_ms comes from a peer: a NaN would stick in the average and a denormal make
         # the rate infinite, which bulk_cap cannot turn into tokens (every dispatch then fails).
-        if not compute_ms > 0 or tokens < min(RATE_MIN_BATCH_TOKENS, self.max_batch_tokens // 8):
+        if not compute_ms > 0:
+            return
+        # A CPU worker's bulk comes in batches its rate bounds (cpu_bulk_ms), under the token
+        # floor maybe: any with batch-lane work teaches, or a rate too low would keep them too
+        # small to correct it. Batches of n tokens measure n / (c + n / R) for a fixed cost c
+        # of a few ms on a CPU and a peak R, so rate and cap climb together to R x (bound - c):
+        # they settle, never shrink away. Queries alone (10-30 tokens, mostly c) do not teach.
+        bounded = self.on_cpu and bulk_tokens > 0
+        if tokens < min(RATE_MIN_BATCH_TOKENS, self.max_batch_tokens // 8) and not bounded:
             return
         # A live lane's batch, timed beside bulk, is not its rate; but a worker whose whole
         # budget fits its lane runs every batch there, and would never learn one.
@@ -44,7 +59,9 @@ class WorkerState:
         if not math.isfinite(rate):
             return
         # A moving average: one slow batch (a graph capture, a noisy neighbour) moves it a little.
-        self.rate = rate if self.rate == 0.0 else 0.8 * self.rate + 0.2 * rate
+        first = self.rate == 0.0 or self.rate_announced
+        self.rate = rate if first else 0.8 * self.rate + 0.2 * rate
+        self.rate_announced = False
 
     def bulk_cap(self, batches: float, live_ms: float) -> int:
         """Batch-lane tokens it may hold while live traffic is about: ``batches`` of its
@@ -79,6 +96,9 @@ class Registry:
             progress_at=now,
             live_credits=ready.live_credits,
             live_tokens=ready.live_tokens,
+            # Its own measure until its batches teach the broker one (0: not measured).
+            rate=ready.tokens_per_s,
+            rate_announced=ready.tokens_per_s > 0,
         )
         self.workers[identity] = state
         # The first of each stays: the caller refuses a card that conflicts with a known one

@@ -28,6 +28,7 @@ from mesh.broker.trust import PeerWarnings, card_differences
 from mesh.config import (
     AGING_S,
     BATCH_TIMEOUT_S,
+    CPU_BULK_MS,
     HANG_S,
     LIVE_BULK_BATCHES,
     LIVE_BULK_MS,
@@ -82,6 +83,9 @@ class BrokerOptions:
     # live_window_s.
     live_bulk_batches: float = LIVE_BULK_BATCHES
     live_bulk_ms: float = LIVE_BULK_MS  # ... and at most this much of its measured compute
+    # A CPU worker's bulk is capped at this much of its compute at all times, instead of
+    # live_bulk_ms while live (0: as any other worker's): CPU_BULK_MS.
+    cpu_bulk_ms: float = CPU_BULK_MS
     live_window_s: float = LIVE_WINDOW_S
     # Queued work of a model whose last worker left fails with UNAVAILABLE after this long.
     orphan_grace_s: float | None = None  # None: one liveness expiry
@@ -92,6 +96,8 @@ class BrokerOptions:
         # Zero would stop bulk work for as long as queries keep coming: starvation, not a cap.
         if self.live_bulk_batches <= 0 or self.live_bulk_ms <= 0:
             raise ValueError("live_bulk_batches and live_bulk_ms must be positive")
+        if self.cpu_bulk_ms < 0:
+            raise ValueError("cpu_bulk_ms must not be negative (0 turns the bound off)")
         if self.hang_s <= 0 or self.live_window_s < 0 or self.forget_model_s <= 0:
             raise ValueError("hang_s and forget_model_s must be positive, live_window_s >= 0")
 
@@ -323,12 +329,18 @@ class Broker:
                 live_tokens=worker.live_tokens,
                 bulk_allowed=worker.free > worker.live_credits,
             )
+        # A CPU worker's bulk is bounded in time whether or not queries came lately, by its
+        # own knob in place of live_bulk_ms: a lone query must not find a batch of seconds
+        # running (docs/tuning.md).
+        bounded = self.opts.cpu_bulk_ms > 0 and worker.on_cpu
+        live_ms = self.opts.cpu_bulk_ms if bounded else self.opts.live_bulk_ms
         return self.queue.form_batch(
             model,
             worker.max_batch_tokens,
             worker.max_batch_requests,
             now,
-            bulk_cap=worker.bulk_cap(self.opts.live_bulk_batches, self.opts.live_bulk_ms),
+            bulk_cap=worker.bulk_cap(self.opts.live_bulk_batches, live_ms),
+            capped=bounded,
             bulk_held=self.inflight.bulk_tokens(worker.identity),
             # One credit stays free for live work; bulk shares the others.
             bulk_split=max(1, worker.credits - 1),
@@ -438,7 +450,7 @@ class Broker:
         worker.progress_at = now  # a result is progress, before the next heartbeat says so
         if not 0.0 <= msg.compute_ms < math.inf:  # NaN too: peer input, sent on to clients
             msg.compute_ms = 0.0  # unknown; a NaN would 500 the ingress's timing headers
-        worker.note_compute(batch.tokens, msg.compute_ms)
+        worker.note_compute(batch.tokens, msg.compute_ms, batch.bulk_tokens)
         try:
             chunks = result_chunks(
                 batch.plan, msg, batch.dispatched_at, batch.sent_at, self._arrived

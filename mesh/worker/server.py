@@ -106,6 +106,8 @@ class WorkerOptions:
     profile_out: str | None = None  # diagnostics: cProfile the compute loop, stats here
     # Exit (EXIT_HUNG) after holding batches this long with none answered; 0 = never.
     watchdog_s: float = WORKER_WATCHDOG_S
+    # The rate ``--max-batch-tokens auto`` measured at the budget (WorkerReady.tokens_per_s).
+    tokens_per_s: float = 0.0
 
 
 @dataclass
@@ -184,6 +186,7 @@ class WorkerServer:
             device=options.device,
             live_credits=1 if self.live is not None else 0,
             live_tokens=live_tokens if self.live is not None else 0,
+            tokens_per_s=options.tokens_per_s,
         )
         self.link = BrokerLink(
             ctx, broker_endpoint, ready, liveness, connect=connect, accept=self._accept

@@ -318,9 +318,11 @@ def test_the_broker_scheduling_flags_reach_the_broker() -> None:
     from launch.supervisor import role_commands
 
     settings = dict(live_window=2.5, live_bulk_batches=0.5, live_bulk_ms=40.0, hang_timeout=12.0)
+    settings["cpu_bulk_ms"] = 250.0
     cmds = role_commands(_opts(**settings, forget_model_after=90.0), "ipc:///f", "ipc:///b")
     broker = cmds["broker"]
     for flag, value in (
+        ("--cpu-bulk-ms", "250.0"),
         ("--live-window", "2.5"),
         ("--live-bulk-batches", "0.5"),
         ("--live-bulk-ms", "40.0"),
@@ -356,11 +358,13 @@ def test_mesh_launch_role_broker_hands_its_scheduling_flags_to_broker_options(
     args = ["--role", "broker", "--frontend", "inproc://f", "--backend", "inproc://b"]
     args += ["--live-window", "2", "--live-bulk-batches", "0.5"]
     args += ["--hang-timeout", "7", "--forget-model-after", "60", "--live-bulk-ms", "50"]
+    args += ["--cpu-bulk-ms", "0"]
     result = CliRunner().invoke(launch.cli.main, args)
     assert result.exit_code == 0, result.output
     options = seen["options"]
     assert (options.live_window_s, options.live_bulk_batches) == (2.0, 0.5)
     assert (options.hang_s, options.forget_model_s, options.live_bulk_ms) == (7.0, 60.0, 50.0)
+    assert options.cpu_bulk_ms == 0.0
     bad = CliRunner().invoke(launch.cli.main, ["--role", "broker", "--live-bulk-batches", "0"])
     assert bad.exit_code != 0 and "--live-bulk-batches" in bad.output
 

@@ -14,6 +14,7 @@ import launch.roles as roles
 from launch.cli import parse
 from launch.options import LaunchArgs, WorkerArgs
 from mesh.config import WORKER_CREDITS, Liveness
+from mesh.worker.budget import CurvePoint
 
 
 def _all_opts(*args: str) -> LaunchArgs:
@@ -69,9 +70,9 @@ class _Captured(Exception):
 
 
 class _Engine:
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, max_batch_tokens: int | None = None) -> None:
         self.device = torch.device(device)
-        self.max_batch_tokens = 16384
+        self.max_batch_tokens = max_batch_tokens or 16384
         self.dtype = torch.float32
         self.vocab_size = 30522
         self.hidden_size = 384
@@ -94,8 +95,13 @@ def _worker_options(monkeypatch: pytest.MonkeyPatch, device: str, **cfg: Any) ->
         seen["options"] = options
         raise _Captured
 
-    monkeypatch.setattr("mesh.worker.engine.engine.Engine.load", lambda *a, **k: _Engine(device))
+    monkeypatch.setattr(
+        "mesh.worker.engine.engine.Engine.load",
+        lambda *a, **k: _Engine(device, k["max_batch_tokens"]),
+    )
     monkeypatch.setattr("mesh.worker.server.WorkerServer", fake_server)
+    # The sweep of --max-batch-tokens auto (a CPU's default), on a fake engine: a fixed curve.
+    monkeypatch.setattr("mesh.worker.budget.auto_budget", lambda engine: CurvePoint(2048, 6e3, 0.3))
     config = WorkerArgs(**{"device": device, "max_batch_requests": 64, **cfg})
     with pytest.raises(_Captured):
         roles.run_worker(config, ("ipc:///t/b",), Liveness(), roles.Security())
@@ -119,6 +125,25 @@ def test_a_worker_with_a_live_lane_grants_one_more_credit_by_default(
 ) -> None:
     options = _worker_options(monkeypatch, device, credits=credits)
     assert (options.credits, options.live_lane) == want
+
+
+@pytest.mark.parametrize(
+    ("device", "budget", "want"),
+    [
+        ("cpu", None, (2048, 6e3)),  # auto by default on a CPU: the sweep's choice and rate
+        ("cuda", "auto", (2048, 6e3)),  # on a GPU when asked
+        ("cuda", None, (16384, 0.0)),  # the GPU default: the engine's, nothing measured
+        ("cpu", 4096, (4096, 0.0)),  # a number is used as given
+    ],
+)
+def test_the_worker_advertises_the_budget_auto_chose_with_its_rate(
+    monkeypatch: pytest.MonkeyPatch,
+    device: str,
+    budget: int | str | None,
+    want: tuple[int, float],
+) -> None:
+    options = _worker_options(monkeypatch, device, max_batch_tokens=budget)
+    assert (options.max_batch_tokens, options.tokens_per_s) == want
 
 
 def test_live_lane_and_ingress_nice_reach_only_the_roles_that_use_them() -> None:

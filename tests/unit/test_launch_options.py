@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from launch import config_file
 from launch.cli import main, parse
-from launch.options import GROUPS, Declared, LaunchArgs, declared
+from launch.options import GROUPS, BatchBudget, Declared, LaunchArgs, declared
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,6 +47,8 @@ def _sample(option: Declared, tmp: Path) -> Any:
         return next(c for c in kind.choices if c != default)
     if kind is None or kind is click.BOOL:
         return True if default is None else not default
+    if isinstance(kind, BatchBudget):  # a number or "auto": the word, which must print back
+        return "auto"
     if isinstance(kind, click.types.IntParamType):  # IntRange too: within each range declared
         return max(getattr(kind, "min", None) or 0, default or 0) + 1
     if isinstance(kind, click.types.FloatParamType):
@@ -338,3 +340,26 @@ def test_every_variable_the_code_reads_is_a_declared_setting() -> None:
     }
     assert "EMBEDMESH_WINDOW_MASK" in named and "EMBEDMESH_BULK_SCHED" in named
     assert named - launcher - {o.env for o in declared()} == set()
+
+
+@pytest.mark.parametrize("value", ["auto", "AUTO", "4096"])
+def test_the_batch_budget_takes_tokens_or_auto_and_prints_it_back(value: str) -> None:
+    result = CliRunner().invoke(main, ["--role", "worker", "--max-batch-tokens", value,
+                                       "--print-config"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    shown = '"auto"' if value.lower() == "auto" else value
+    assert f"\nmax_batch_tokens = {shown}\n" in result.output
+
+
+def test_the_default_batch_budget_says_auto_on_cpu() -> None:
+    result = CliRunner().invoke(main, ["--role", "worker", "--print-config"])
+    assert result.exit_code == 0, result.output
+    assert "default: auto on CPU" in result.output and "\n# max_batch_tokens =\n" in result.output
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "lots"])
+def test_a_batch_budget_that_is_neither_tokens_nor_auto_is_refused(value: str) -> None:
+    result = CliRunner().invoke(main, ["--role", "worker", "--max-batch-tokens", value])
+    assert (
+        result.exit_code == 2 and "neither a positive number of tokens nor 'auto'" in result.output
+    )

@@ -106,3 +106,13 @@ async def test_mixed_against_a_stub_reports_both_lanes_with_their_own_priorities
     assert both[BULK].samples and all(s.texts == 64 for s in both[BULK].samples)
     # Both windows are as long as asked: bulk alone and bulk with live compare like for like.
     assert solo[BULK_ALONE].elapsed_s == pytest.approx(both[BULK].elapsed_s) == pytest.approx(1.0)
+
+
+def test_mixed_with_several_live_rates_measures_bulk_alone_once_then_a_window_per_rate() -> None:
+    planned = phases("mixed", WORK, _options(live_rate=(0.2, 1.0, 5.0, 20.0)))
+    assert [set(p.loads) for p in planned] == [{BULK_ALONE}] + [{BULK, LIVE}] * 4
+    lives = [p.loads[LIVE] for p in planned[1:]]
+    assert lives == [f"{r}/s x1 query, interactive lane" for r in ("0.2", "1", "5", "20")]
+    assert planned[1].loads[BULK].endswith("beside 0.2/s live")
+    with pytest.raises(ValueError):
+        phases("mixed", WORK, _options(live_rate=(5.0, 0.0)))

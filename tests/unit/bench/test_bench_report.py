@@ -113,6 +113,19 @@ def test_a_mixed_run_reports_both_lanes_and_the_bulk_rate_against_bulk_alone() -
     assert "config '--ingress-procs 2': mesh-launch --role all --ingress-procs 2" in table
 
 
+def test_with_several_live_rates_each_bulk_window_is_paired_with_its_own_live_run() -> None:
+    report = _mixed_report()
+    config = "--ingress-procs 2"
+    fast = [Sample(0.0, 0.002, "200", 1, 18)] * 10
+    second = Run(config, "mixed", "8 clients x64", summarize([], 1.0), lane="bulk")
+    second.vs_alone = 0.5
+    report.runs += [second, Run(config, "mixed", "20/s", summarize(fast, 1.0), lane="live")]
+    lines = [x for x in report.table().splitlines() if x.startswith("mixed in ")]
+    assert len(lines) == 2
+    assert "beside live 10/s" in lines[0] and "0.90x" in lines[0] and "p50/p90/p99 22.0" in lines[0]
+    assert "beside live 20/s" in lines[1] and "0.50x" in lines[1] and "p50/p90/p99 2.0" in lines[1]
+
+
 def test_the_live_lane_is_not_compared_with_the_baseline_throughput() -> None:
     report = _mixed_report()
     report.baseline = _report().baseline

@@ -25,7 +25,8 @@ from tests.unit.broker.fakes import INGRESS, Harness, answer, card, ready, submi
 
 
 def test_a_live_query_waits_behind_one_held_batch_not_two():
-    h = Harness(aging_s=60.0)
+    # The live window's cap alone (a CPU worker's bulk is bounded at all times by default).
+    h = Harness(aging_s=60.0, cpu_bulk_ms=0.0)
     h.add_worker(msg=ready(credits=2, max_batch_tokens=64))
     h.submit(submit(1, [16] * 16, lane=1))  # 256 bulk tokens: four full batches
     first, second = (m for _, m in h.back.take(BatchAssign))  # not live: both credits
@@ -108,7 +109,8 @@ def test_queries_overlapping_at_every_reply_do_not_keep_bulk_out():
 def test_while_live_a_slow_worker_holds_only_live_bulk_ms_of_bulk():
     # A CPU-like worker: 1024-token batches that take a second each, so one held batch would
     # keep a query waiting a second; at 100 ms of its compute it may hold ~102 bulk tokens.
-    h = Harness(aging_s=60.0, live_bulk_ms=100.0)
+    # The live window's cap alone (a CPU worker's bulk is bounded at all times by default).
+    h = Harness(aging_s=60.0, live_bulk_ms=100.0, cpu_bulk_ms=0.0)
     h.add_worker(msg=ready(credits=2, max_batch_tokens=1024, max_batch_requests=512))
     h.submit(submit(1, [16] * 512, lane=1))  # 8192 bulk tokens
     first, second = (m for _, m in h.back.take(BatchAssign))

@@ -82,3 +82,19 @@ def test_a_ready_whose_live_lane_leaves_bulk_nothing_is_refused(
     )
     with pytest.raises(ProtocolError, match=problem):
         decode(encode(bad))
+
+
+def test_a_ready_from_a_worker_that_measured_nothing_announces_no_rate() -> None:
+    frames = encode(dataclasses.replace(_ready(), tokens_per_s=6500.5))
+    assert decode(frames).tokens_per_s == 6500.5
+    body = msgpack.unpackb(frames[1])
+    del body["tokens_per_s"]
+    assert (
+        decode([frames[0], msgpack.packb(body, use_bin_type=True), *frames[2:]]).tokens_per_s == 0
+    )
+
+
+@pytest.mark.parametrize("rate", [-1.0, float("nan"), float("inf")])
+def test_a_ready_with_a_rate_that_is_no_speed_is_refused(rate: float) -> None:
+    with pytest.raises(ProtocolError, match="tokens_per_s"):
+        decode(encode(dataclasses.replace(_ready(), tokens_per_s=rate)))
