@@ -52,7 +52,7 @@ def test_work_done_is_counted_by_lane_when_its_batch_returns():
 
 
 def test_batch_fill_counts_the_tokens_and_the_budgets_of_the_batches_sent():
-    h = Harness(aging_s=60.0)
+    h = Harness(aging_s=60.0, cpu_bulk_ms=0.0)  # batches cut by the budget alone
     h.add_worker(msg=ready(credits=2, max_batch_tokens=64))
     h.submit(submit(1, [16] * 5, lane=Lane.BATCH))  # 80 tokens: a full batch and a fifth
     model = _pong(h).stats.models[MODEL]
