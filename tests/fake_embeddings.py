@@ -95,11 +95,14 @@ class FakeServer:
         error = {"error": {"message": message, "type": "error", "code": status}}
         return web.json_response(error, status=status, headers=headers)
 
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/embeddings", self._embeddings)
+
     def serve(self) -> Iterator[FakeServer]:
         """Serves in a thread until the generator is closed (a fixture's body)."""
         loop = asyncio.new_event_loop()
         app = web.Application(client_max_size=64 * 2**20)
-        app.router.add_post("/v1/embeddings", self._embeddings)
+        self.routes(app)
         runner = web.AppRunner(app)
 
         async def start() -> None:
