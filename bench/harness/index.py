@@ -171,7 +171,7 @@ def _line(way: str, r: dict[str, Any]) -> str:
 
 @click.command("index", context_settings={"show_default": True})
 @click.option("--spawn", "spawn_args", default="", help="Flags for the mesh-launch --role all "
-              "this spawns (ignored with --url); --state-dir is added for the batches.")  # fmt: skip
+              "this spawns (ignored with --url); the batches get a fresh state directory.")  # fmt: skip
 @click.option("--url", default=None, help="A running mesh's /v1 base instead of spawning one.")
 @click.option("--model", default=None, help="The model's name (default: the first served).")
 @click.option("--corpus", type=click.Path(exists=True, dir_okay=False), default=str(DEFAULT_CORPUS))  # fmt: skip
