@@ -10,6 +10,7 @@ import asyncio
 import faulthandler
 import os
 import signal
+import socket
 from pathlib import Path
 
 import click
@@ -17,7 +18,8 @@ import click
 from launch.options import DEFAULT_FRONTEND, IngressArgs, LaunchArgs
 from launch.roles import Security, client_connector
 from mesh.config import Liveness
-from mesh.ingress.config import IngressConfig
+from mesh.ingress.config import IngressConfig, JobsConfig
+from mesh.jobs import default_state_dir
 
 API_KEY_ENV = "EMBEDMESH_API_KEY"
 # Never inherited as they are: the supervisor gives only ingress children the key (a file read
@@ -58,6 +60,38 @@ def ingress_config(args: LaunchArgs, liveness: Liveness) -> IngressConfig:
         reuse_port=ing.reuse_port,
         drain_grace_s=ing.drain_grace,
         body_timeout_s=ing.body_timeout,
+        jobs=jobs_config(ing),
+    )
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_s(text: str, flag: str) -> float:
+    """``"30d"``, ``"12h"``, ``"90m"``, ``"45s"`` (a bare number: days) in seconds."""
+    value = text.strip().lower()
+    unit = DURATION_UNITS.get(value[-1:])
+    number = value[:-1] if unit is not None else value
+    try:
+        seconds = float(number) * (unit or DURATION_UNITS["d"])
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise click.BadParameter(f"{text!r} is not a duration like 30d or 12h", param_hint=flag)
+    return seconds
+
+
+def jobs_config(ing: IngressArgs) -> JobsConfig:
+    """The batch API's store and limits; its lease owner id is this host, port and slot (stable
+    across restarts, so a restarted process frees its killed predecessor's leases at once)."""
+    port = str(ing.http_port) if ing.http_port else f"pid{os.getpid()}"
+    return JobsConfig(
+        state_dir=str(ing.state_dir or default_state_dir()),
+        state_url=ing.state_url or None,
+        owner=f"{socket.gethostname()}:{port}:{ing.ingress_slot or 0}",
+        max_file_bytes=ing.max_batch_file_bytes,
+        max_state_bytes=ing.max_state_bytes,
+        retention_s=duration_s(ing.batch_retention, "--batch-retention"),
     )
 
 

@@ -20,7 +20,13 @@ from typing import Any
 import click
 
 from mesh import config
-from mesh.ingress.config import BODY_TIMEOUT_S, DRAIN_GRACE_S, MAX_BODY_BYTES, MAX_INPUTS
+from mesh.ingress.config import (
+    BODY_TIMEOUT_S,
+    DRAIN_GRACE_S,
+    MAX_BATCH_FILE_BYTES,
+    MAX_BODY_BYTES,
+    MAX_INPUTS,
+)
 
 ROLES = ("broker", "worker", "ingress", "all")
 ENV_PREFIX = "EMBEDMESH_"
@@ -253,6 +259,26 @@ class IngressArgs:
         click.BOOL, flag=False)  # fmt: skip
     reuse_port: bool = opt(False, "Bind the HTTP port with SO_REUSEPORT (the children of "
         "--ingress-procs).", "ingress", roles=("ingress",), internal=True)  # fmt: skip
+    # The Files and Batches API (mesh.ingress.batches): its store, limits and retention.
+    state_dir: Path | None = opt(None, "Directory of the batch API's state: its SQLite "
+        "database and files (with --state-url, the files only: a volume every ingress host "
+        "mounts).", "ingress", click.Path(file_okay=False, path_type=Path),
+        default_text="$XDG_STATE_HOME/embedmesh, else ~/.local/state/embedmesh")  # fmt: skip
+    state_url: str | None = opt(None, "postgresql://... : keep the batch API's state in "
+        "PostgreSQL, shared by every ingress host (a password belongs in PGPASSWORD or "
+        "~/.pgpass, not here).", "ingress", STR, expert=True)  # fmt: skip
+    max_batch_file_bytes: int = opt(MAX_BATCH_FILE_BYTES, "Largest file POST /v1/files "
+        "takes (413 beyond); OpenAI's limit.", "ingress", click.IntRange(min=1),
+        expert=True)  # fmt: skip
+    max_state_bytes: int = opt(0, "Bytes every stored batch file may take together; an upload "
+        "past it is refused with 507; 0: no limit but the disk.", "ingress",
+        click.IntRange(min=0), expert=True)  # fmt: skip
+    batch_retention: str = opt("30d", "How long a finished batch's output and error files "
+        "are kept (s, m, h or d); input files stay until deleted.", "ingress", STR,
+        expert=True)  # fmt: skip
+    ingress_slot: int | None = opt(None, "This ingress's place among --ingress-procs "
+        "siblings: its batch leases' owner id.", "ingress", INT, roles=("ingress",),
+        internal=True)  # fmt: skip
 
 
 @dataclass

@@ -355,4 +355,5 @@ def ingress_commands(args: LaunchArgs, brokers: list[str]) -> dict[str, list[str
     )
     if procs == 1:
         return {"ingress": argv}
-    return {f"ingress-{i}": list(argv) for i in range(procs)}
+    # Each child's slot is its batch leases' owner id: the same across its restarts.
+    return {f"ingress-{i}": [*argv, "--ingress-slot", str(i)] for i in range(procs)}

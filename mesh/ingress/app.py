@@ -44,13 +44,23 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from mesh.client import MeshClient, ValidRequest
+from mesh.client import MeshClient
 from mesh.client.request import INTERACTIVE_MAX_TOKENS
 from mesh.errors import MeshError
-from mesh.ingress import contextualized, docs_page, multivector, rerank, sparse, tei
+from mesh.ingress import (
+    batch_runner,
+    batches,
+    contextualized,
+    docs_page,
+    files,
+    multivector,
+    rerank,
+    sparse,
+    tei,
+)
 from mesh.ingress.catalog import Catalog
 from mesh.ingress.config import IngressConfig
-from mesh.ingress.encodings import ENCODINGS, render_embeddings_sliced
+from mesh.ingress.embeddings import embed
 from mesh.ingress.http_errors import (
     CLIENT_CLOSED,
     TEI,
@@ -60,12 +70,11 @@ from mesh.ingress.http_errors import (
     route_family,
 )
 from mesh.ingress.metrics import CONTENT_TYPE, IngressMetrics
-from mesh.ingress.schema import PRIORITY_HEADER, EmbeddingsRequest, parse_embeddings_request
+from mesh.ingress.schema import PRIORITY_HEADER, parse_embeddings_request
 from mesh.ingress.state import (
     STATE,
     IngressState,
     UnreadableBody,
-    account,
     json_response,
     read_body,
 )
@@ -113,7 +122,10 @@ def create_app(cfg: IngressConfig, client: MeshClient | None = None) -> web.Appl
     contextualized.add_routes(app)  # Perplexity's /v1/contextualizedembeddings
     multivector.add_routes(app)  # TEI's /embed_all
     docs_page.add_routes(app, cfg)  # /openapi.json and /docs, open as /health
+    files.add_routes(app)  # OpenAI's /v1/files (batch input and output files)
+    batches.add_routes(app)  # OpenAI's /v1/batches
     app.cleanup_ctx.append(_client_lifetime)
+    batch_runner.attach(app, cfg.jobs)  # the store and its runner, after the client's start
     return app
 
 
@@ -204,46 +216,20 @@ async def _embeddings(request: web.Request) -> web.Response:
     body = await read_body(request, cfg.max_body_bytes)
     req = parse_embeddings_request(body, cfg.max_inputs, request.headers.get(PRIORITY_HEADER))
     parsed = time.perf_counter()
-    valid = await _front_door(state, req)
-    prepared = time.perf_counter()
-    result = await state.client.submit(valid, cfg.request_timeout_s)
-    meshed = time.perf_counter()
-    tokenized = prepared - parsed if req.texts is not None else None
-    embeddings = account(state, valid, result, tokenized, meshed - prepared)
-    name = valid.model.name
-    out = await render_embeddings_sliced(
-        embeddings, req.encoding_format, name, result.prompt_tokens
-    )
-    done = time.perf_counter()
+    done = await embed(state, req, parsed)
+    result = done.result
     # TEI counts characters of texts, or ids given as ids.
-    chars = sum(map(len, req.texts)) if req.texts is not None else valid.tokens
-    headers = tei.timing_headers(done - start, prepared - parsed, result, chars)
+    chars = sum(map(len, req.texts)) if req.texts is not None else done.valid.tokens
+    headers = tei.timing_headers(done.done_s - start, done.prepared_s - parsed, result, chars)
     if request.headers.get(TIMINGS_HEADER, "").strip().lower() in ("1", "true"):
         hops = {
             "ingress_parse": parsed - start,
-            "ingress_tokenize": prepared - parsed,
-            "ingress_render": done - meshed,
-            "ingress_total": done - start,
+            "ingress_tokenize": done.prepared_s - parsed,
+            "ingress_render": done.done_s - done.meshed_s,
+            "ingress_total": done.done_s - start,
         }
         headers[TIMINGS_HEADER.lower()] = timings_header(hops, result.timings)
-    return web.Response(body=out, content_type="application/json", headers=headers)
-
-
-async def _front_door(state: IngressState, req: EmbeddingsRequest) -> ValidRequest:
-    """The client resolves the model and validates (tokenizing texts) once."""
-    options = {
-        "dims": req.dimensions,
-        "kind": ENCODINGS[req.encoding_format],
-        "lane": req.lane,
-        # TEI's truncate, as on /embed: absent, the server's --auto-truncate decides.
-        "truncate": state.cfg.auto_truncate if req.truncate is None else req.truncate,
-    }
-    if req.texts is not None:
-        return await state.client.prepare_texts(
-            req.texts, req.model, prompt_name=req.prompt_name, **options
-        )
-    assert req.token_ids is not None and req.offsets is not None
-    return state.client.prepare_tokens(req.token_ids, req.offsets, req.model, **options)
+    return web.Response(body=done.body, content_type="application/json", headers=headers)
 
 
 def timings_header(ingress_s: dict[str, float], mesh_ms: dict[str, float]) -> str:

@@ -47,3 +47,25 @@ class IngressConfig:
     reuse_port: bool = False
     drain_grace_s: float = DRAIN_GRACE_S
     body_timeout_s: float = BODY_TIMEOUT_S
+    # The Files and Batches API's store and runner; None: those routes answer 503.
+    jobs: JobsConfig | None = None
+
+
+# OpenAI's limit on a batch input file, kept so that a file OpenAI takes is taken here too;
+# with 100 lines a chunk, the runner never holds more than a chunk of it in memory.
+MAX_BATCH_FILE_BYTES = 200 << 20
+# Finished batches' output and error files are deleted this long after the batch ends, as
+# OpenAI's 30 days; uploaded input files stay until deleted.
+BATCH_RETENTION_S = 30 * 24 * 3600.0
+
+
+@dataclass
+class JobsConfig:
+    """Where an ingress keeps the Files and Batches API's state, and its limits."""
+
+    state_dir: str  # the SQLite database and the blobs (with state_url: the blobs only)
+    state_url: str | None = None  # postgresql://... for a fleet
+    owner: str = "ingress"  # this process's lease owner id: host, port and process slot
+    max_file_bytes: int = MAX_BATCH_FILE_BYTES
+    max_state_bytes: int = 0  # every stored file together; 0: no limit but the disk
+    retention_s: float = BATCH_RETENTION_S

@@ -44,7 +44,10 @@ TIMINGS_HEADER = "X-Embedmesh-Timings"
 STATUS_TEXT = {
     400: "The body cannot be read as a JSON object (TEI: an empty input is 400 `Empty`).",
     401: "No or wrong API key.",
-    404: "Unknown model (or, under /docs/static, asset).",
+    404: "Unknown model (or, under /docs/static, asset; on /v1/files and /v1/batches, file or "
+    "batch).",
+    409: "The file or batch is not in a state that allows it (cancel a finished batch, delete "
+    "the input of a running one).",
     413: "Over a size limit: body bytes, --max-inputs, tokens the broker may queue.",
     422: "A value breaks the contract (wrong type or range, unknown enum, over the token limit, "
     "a model that does not serve this route).",
@@ -53,6 +56,7 @@ STATUS_TEXT = {
     502: "The mesh failed on the request (workers kept failing, a malformed reply).",
     503: "No broker answers, or the model has no worker now.",
     504: "The request's deadline (--request-timeout) passed.",
+    507: "The server's batch storage is full (--max-state-bytes).",
 }
 
 
@@ -66,6 +70,7 @@ class Operation:
     summary: str
     family: str = OPENAI
     body: str | None = None  # a schema name
+    form: str | None = None  # a multipart/form-data body's schema name
     ok: Schema | None = None  # the 200 body's schema; None: no JSON body
     ok_type: str = JSON
     errors: tuple[int, ...] = ()
@@ -80,6 +85,7 @@ _OPENAI_WORK = (*_WORK, 404, 502)
 _TEI_WORK = (*_WORK, 424)
 _TEI_TOOLS = (400, 413, 422, 503)  # the ingress's own tokenizer: no mesh round trip
 _TEI_HEADERS = (MODEL_HEADER, PRIORITY_HEADER)
+_FILES = (400, 404, 503)  # the Files and Batches routes: a wrong value, an unknown id, no store
 _OPEN = {"guarded": False, "tags": ("Service",)}
 _TEI_TAGS = {"family": TEI, "tags": ("TEI",)}
 
@@ -101,6 +107,27 @@ OPERATIONS: tuple[Operation, ...] = (
               "One vector per chunk, each embedded inside its document (Perplexity)",
               body="ContextualizedRequest", ok=ref("ContextualizedResponse"),
               errors=_OPENAI_WORK, headers=(PRIORITY_HEADER,), timed=True),
+    Operation("post", "/v1/files", "createFile", "Upload a batch input file (multipart, "
+              "purpose=batch)", form="FileUpload",
+              ok=ref("File"), errors=_FILES + (413, 507), tags=("Batch",)),
+    Operation("get", "/v1/files", "listFiles", "Stored files, newest first (limit, after, "
+              "purpose)", ok=ref("FileList"), errors=_FILES, tags=("Batch",)),
+    Operation("get", "/v1/files/{file_id}", "getFile", "One file's object", ok=ref("File"),
+              errors=_FILES, tags=("Batch",)),
+    Operation("get", "/v1/files/{file_id}/content", "getFileContent", "A file's bytes "
+              "(JSONL)", ok_type="application/octet-stream", errors=_FILES, tags=("Batch",)),
+    Operation("delete", "/v1/files/{file_id}", "deleteFile", "Delete a file",
+              ok=ref("FileDeleted"), errors=(*_FILES, 409), tags=("Batch",)),
+    Operation("post", "/v1/batches", "createBatch", "Run a file of /v1/embeddings requests "
+              "on the batch lane", body="CreateBatchRequest", ok=ref("Batch"),
+              errors=(*_FILES, 409, 413), tags=("Batch",)),
+    Operation("get", "/v1/batches", "listBatches", "Batches, newest first (limit, after)",
+              ok=ref("BatchList"), errors=_FILES, tags=("Batch",)),
+    Operation("get", "/v1/batches/{batch_id}", "getBatch", "One batch, with its progress",
+              ok=ref("Batch"), errors=_FILES, tags=("Batch",)),
+    Operation("post", "/v1/batches/{batch_id}/cancel", "cancelBatch", "Cancel a batch "
+              "(cancelling, then cancelled)", ok=ref("Batch"), errors=(*_FILES, 409),
+              tags=("Batch",)),
     Operation("get", "/health", "health", "200 when a broker answers and every model seen has "
               "a worker, else 503", ok=ref("Health"), errors=(503,), **_OPEN),
     Operation("get", "/", "teiHealth", "The same as /health (TEI's health route)",
@@ -200,11 +227,17 @@ def _operation(op: Operation, keyed: bool) -> Schema:
     if "{name}" in op.path:
         params.append({"name": "name", "in": "path", "required": True,
                        "schema": {"type": "string"}})  # fmt: skip
+    for name in ("file_id", "batch_id"):
+        if f"{{{name}}}" in op.path:
+            params.append({"name": name, "in": "path", "required": True, "schema": TEXT})
     if params:
         doc["parameters"] = params
     if op.body is not None:
         doc["requestBody"] = {"required": True, "description": IGNORED,
                               "content": {JSON: {"schema": ref(op.body)}}}  # fmt: skip
+    if op.form is not None:
+        form = {"multipart/form-data": {"schema": ref(op.form)}}
+        doc["requestBody"] = {"required": True, "content": form}
     doc["responses"] = _responses(op, guarded)
     doc["security"] = [{"bearer": []}] if guarded else []
     return doc
@@ -233,7 +266,7 @@ def document(cfg: IngressConfig) -> Schema:
             '{"error", "error_type"} (x-error-family). /health, GET /, /metrics, '
             "/openapi.json and /docs never need the API key.",
         },
-        "tags": [{"name": name} for name in ("OpenAI", "Rerank", "TEI", "Service")],
+        "tags": [{"name": name} for name in ("OpenAI", "Batch", "Rerank", "TEI", "Service")],
         "paths": paths,
         "components": {
             "schemas": bodies(cfg.max_inputs),

@@ -10,6 +10,7 @@ A JSON null that a parser takes as absent is not advertised.
 from __future__ import annotations
 
 from mesh.ingress import tei_schema
+from mesh.ingress.batches import CreateBatchRequest
 from mesh.ingress.bodies import schema_of
 from mesh.ingress.contextualized import ContextualizedRequest
 from mesh.ingress.http_errors import TEI_BY_CODE
@@ -51,6 +52,7 @@ def const(value: str) -> Schema:
 # Each request body's schema name → its declaration.
 REQUESTS: dict[str, type] = {
     "EmbeddingsRequest": EmbeddingsRequest,
+    "CreateBatchRequest": CreateBatchRequest,
     "ContextualizedRequest": ContextualizedRequest,
     "RerankRequest": V1RerankRequest,
     "TeiEmbedRequest": tei_schema.EmbedRequest,
@@ -73,6 +75,7 @@ def bodies(max_inputs: int) -> dict[str, Schema]:
         **_service(),
         **_tei(),
         **_scores(),
+        **_batches(),
     }
 
 
@@ -258,4 +261,44 @@ def _scores() -> dict[str, Schema]:
             "usage",
             "results",
         ),
+    }
+
+
+def _batches() -> dict[str, Schema]:
+    """The Files and Batches API's objects (OpenAI's, plus our progress fields)."""
+    nullable_int: Schema = {"type": "integer", "nullable": True}
+    file = {
+        "id": STR, "object": const("file"), "bytes": INT, "created_at": INT,
+        "expires_at": nullable_int, "filename": STR,
+        "purpose": {**STR, "enum": ["batch", "batch_output"]}, "status": STR,
+    }  # fmt: skip
+    error = obj({"code": STR, "message": STR, "param": NULLABLE_STR, "line": nullable_int})
+    times = ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at",
+             "failed_at", "expired_at", "cancelling_at", "cancelled_at")  # fmt: skip
+    states = ["validating", "in_progress", "finalizing", "completed", "failed", "cancelling",
+              "cancelled", "expired"]  # fmt: skip
+    batch: Schema = {
+        "id": STR, "object": const("batch"), "endpoint": STR,
+        "errors": {**obj({"object": const("list"), "data": array(error)}), "nullable": True},
+        "input_file_id": STR, "completion_window": STR, "status": {**STR, "enum": states},
+        "output_file_id": NULLABLE_STR, "error_file_id": NULLABLE_STR,
+        **{name: nullable_int for name in times},
+        "request_counts": obj({"total": INT, "completed": INT, "failed": INT}),
+        "metadata": {"type": "object", "additionalProperties": STR, "nullable": True},
+        "tokens_done": INT, "tokens_total": INT, "tokens_per_second": NUM,
+        "eta_seconds": {"type": "number", "nullable": True},
+    }  # fmt: skip
+    page = {"object": const("list"), "first_id": NULLABLE_STR, "last_id": NULLABLE_STR,
+            "has_more": BOOL}  # fmt: skip
+    return {
+        "File": obj(file, "id", "object", "bytes", "created_at", "filename", "purpose"),
+        "FileList": obj({**page, "data": array(ref("File"))}, "object", "data", "has_more"),
+        "FileDeleted": obj({"id": STR, "object": const("file"), "deleted": BOOL}, "id", "deleted"),
+        "FileUpload": obj(
+            {"file": {"type": "string", "format": "binary"}, "purpose": const("batch")},
+            "file",
+            "purpose",
+        ),  # fmt: skip
+        "Batch": obj(batch, "id", "object", "endpoint", "input_file_id", "status", "created_at"),
+        "BatchList": obj({**page, "data": array(ref("Batch"))}, "object", "data", "has_more"),
     }

@@ -50,9 +50,9 @@ ODD_TEXTS = [
 class Ingress:
     """``mesh-launch --role ingress`` as a subprocess, on a free port."""
 
-    def __init__(self, mesh: Mesh, *args: str) -> None:
+    def __init__(self, mesh: Mesh, *args: str, port: int | None = None) -> None:
         self.mesh = mesh
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = mesh._spawn(
             "ingress",

@@ -245,7 +245,12 @@ def test_each_childs_argv_gives_it_the_options_of_its_role(tmp_path: Path) -> No
     assert role == "ingress" and ingress.link.broker_endpoints == ("ipc:///t/f",)
     assert (ingress.ingress.ingress_procs, ingress.ingress.reuse_port) == (1, True)
     assert _flags_of(ingress.ingress, api_key=None, api_key_file=None) == _flags_of(
-        args.ingress, api_key=None, api_key_file=None, ingress_procs=1, reuse_port=True
+        args.ingress,
+        api_key=None,
+        api_key_file=None,
+        ingress_procs=1,
+        reuse_port=True,
+        ingress_slot=1,
     )
     for _, child in children.values():
         assert (child.link.log_level, child.link.heartbeat_interval) == (

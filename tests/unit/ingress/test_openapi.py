@@ -23,7 +23,8 @@ from yarl import URL
 from mesh.errors import MeshError
 from mesh.ingress import contextualized, docs_page, multivector
 from mesh.ingress.app import create_app
-from mesh.ingress.bodies import IGNORED, field_rules, plan_of
+from mesh.ingress.batches import CreateBatchRequest
+from mesh.ingress.bodies import IGNORED, decode, field_rules, plan_of
 from mesh.ingress.config import IngressConfig
 from mesh.ingress.docs_page import ASSETS
 from mesh.ingress.http_errors import TEI, ApiError
@@ -247,6 +248,7 @@ PARSERS: dict[str, Callable[[bytes], object]] = {
     "TeiDecodeRequest": lambda b: parse_decode_request(b, 8),
     "TeiRerankRequest": lambda b: parse_rerank_request(b, 8),
     "TeiPredictRequest": lambda b: parse_predict_request(b, 8),
+    "CreateBatchRequest": lambda b: decode(CreateBatchRequest, b, 8),
 }
 
 
@@ -296,13 +298,17 @@ VALID: dict[str, dict] = {
     "TeiDecodeRequest": {"ids": [1]},
     "TeiRerankRequest": {"query": "q", "texts": ["a"]},
     "TeiPredictRequest": {"inputs": "x"},
+    "CreateBatchRequest": {"input_file_id": "file-1", "endpoint": "/v1/embeddings"},
 }
 
 
 def breaking(schema: dict) -> list[tuple[object, int]]:
     """Values outside ``schema``, each with the status its refusal has: a wrong JSON type, and
     one past each bound the schema states (its enum, minimum, maximum, lengths, item counts)."""
-    out: list[tuple[object, int]] = [({"not": "this"}, 422)]
+    wrong_type = "not an object" if schema.get("type") == "object" else {"not": "this"}
+    out: list[tuple[object, int]] = [(wrong_type, 422)]
+    if "maxProperties" in schema:
+        out.append(({str(i): "v" for i in range(schema["maxProperties"] + 1)}, 422))
     if schema.get("type") in ("string", "boolean"):
         out.append((7, 422))
     if "enum" in schema:

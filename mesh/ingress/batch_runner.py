@@ -1,0 +1,213 @@
+"""The batch runner: one asyncio task per ingress process, started and stopped with its app.
+
+It works for every batch in the store, whichever process accepted it. Its owner id is the
+host, port and process slot (``JobsConfig.owner``), the same across restarts, so at start it
+frees what a killed predecessor held (``release_owner``) and that work resumes at once. Its
+loop: expire and finalize now and then (cancels, windows), purge on a timer (retention),
+validate what waits for validation, and keep ``CHUNKS_IN_FLIGHT`` chunks running, each with
+``LINES_IN_FLIGHT`` lines on the mesh's batch lane, so the lane stays full while memory stays
+bounded (a chunk's answers are held until it commits). A chunk's lease is renewed while it
+runs; a cancel or an expiry stops it (``release_chunk``); a lost lease drops its work (another
+process owns it now).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from mesh.ingress.batch_lines import ChunkFailed, run_line, validate
+from mesh.ingress.batch_store import JOBS, Jobs
+from mesh.ingress.config import JobsConfig
+from mesh.ingress.state import STATE, IngressState
+from mesh.jobs import Batch, JobStore, Lease, LeaseLost, LineResult
+from mesh.jobs.store import DEFAULT_LEASE_S
+
+log = logging.getLogger("embedmesh.batches")
+
+CHUNK_LINES = 100  # input lines per chunk (lease and retry unit); 10..1000 is reasonable
+CHUNKS_IN_FLIGHT = 2  # per process: one running, one ready behind it
+LINES_IN_FLIGHT = 8  # per chunk: requests on the mesh at once
+POLL_S = 0.5  # the loop's pause when there is nothing to claim
+SWEEP_S = 5.0  # expire and finalize this often (a cancel with no chunk to commit ends here)
+PURGE_S = 600.0
+RETRY_S = 5.0  # the pause after the store failed a step  # delete the files whose retention passed this often
+RENEW_S = DEFAULT_LEASE_S / 3
+
+
+class BatchRunner:
+    def __init__(self, state: IngressState, jobs: Jobs) -> None:
+        self.state = state
+        self.jobs = jobs
+        self.owner = jobs.cfg.owner
+        self.chunks: set[asyncio.Task[None]] = set()
+        self.wake = asyncio.Event()
+        self._swept = self._purged = 0.0
+
+    async def run(self) -> None:
+        while not self.jobs.exists():  # SQLite: nothing to do until the first upload
+            await asyncio.sleep(POLL_S)
+        store = await self._open()
+        while True:
+            try:
+                busy = await self._step(store)
+            except Exception:
+                log.exception("batch runner %s: a step failed; going on", self.owner)
+                await asyncio.sleep(RETRY_S)  # a database that is down is not asked 2x a second
+                busy = False
+            if not busy:
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), POLL_S)
+
+    async def _open(self) -> JobStore:
+        """The store, with what a killed predecessor of this owner id held freed; retried
+        while the database cannot be reached."""
+        while True:
+            try:
+                store = await self.jobs.store()
+                freed = await self.jobs.run(store.release_owner, self.owner)
+            except Exception as exc:
+                log.warning("batch runner %s: no store yet (%s); retrying", self.owner, exc)
+                await asyncio.sleep(RETRY_S)
+                continue
+            if freed:
+                log.info("batch runner %s: resumed %d chunks its predecessor held", self.owner,
+                         freed)  # fmt: skip
+            return store
+
+    async def _step(self, store: JobStore) -> bool:
+        now = time.monotonic()
+        if now - self._swept >= SWEEP_S:
+            self._swept = now
+            self.jobs.progress.update(await self.jobs.run(_sweep, store))
+        if now - self._purged >= PURGE_S:
+            self._purged = now
+            purged = await self.jobs.run(store.purge)
+            if purged:
+                log.info("purged %d files past their retention", len(purged))
+        batch = await self.jobs.run(store.claim_validation, self.owner)
+        if batch is not None:
+            await self.jobs.run(_validate, store, batch)
+            return True
+        claimed = False
+        # No catalog yet (a fresh process, a restarted broker): every line would be a 404.
+        while self.state.client.models() and len(self.chunks) < CHUNKS_IN_FLIGHT:
+            lease = await self.jobs.run(store.claim_chunk, self.owner)
+            if lease is None:
+                break
+            task = asyncio.create_task(self._chunk(store, lease))
+            self.chunks.add(task)
+            task.add_done_callback(self._chunk_done)
+            claimed = True
+        return claimed
+
+    def _chunk_done(self, task: asyncio.Task[None]) -> None:
+        self.chunks.discard(task)
+        self.wake.set()
+
+    async def _chunk(self, store: JobStore, lease: Lease) -> None:
+        lines = await self.jobs.run(store.read_chunk, lease)
+        work = asyncio.create_task(self._lines(lease, lines))
+        current = lease
+        try:
+            while True:
+                done, _ = await asyncio.wait({work}, timeout=RENEW_S)
+                if done:
+                    break
+                current = await self.jobs.run(store.renew, current)
+                if current.cancel_requested:
+                    work.cancel()
+                    with contextlib.suppress(LeaseLost):
+                        await self.jobs.run(store.release_chunk, current)
+                    return
+            results = work.result()
+            await self.jobs.run(store.complete_chunk, current, results)
+        except ChunkFailed as exc:
+            log.warning("batch %s chunk %d failed: %s", lease.batch_id, lease.chunk_no, exc)
+            with contextlib.suppress(LeaseLost):
+                await self.jobs.run(store.fail_chunk, current, str(exc))
+        except LeaseLost:
+            work.cancel()
+            log.info("batch %s chunk %d: lease lost", lease.batch_id, lease.chunk_no)
+        except asyncio.CancelledError:
+            work.cancel()
+            # Stopping: give the chunk back now rather than when its lease runs out.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.jobs.run(store.release_chunk, current))
+            raise
+        except Exception:
+            work.cancel()
+            log.exception("batch %s chunk %d", lease.batch_id, lease.chunk_no)
+            with contextlib.suppress(Exception):
+                await self.jobs.run(store.fail_chunk, current, "the runner failed on it")
+
+    async def _lines(self, lease: Lease, lines: list[bytes]) -> list[LineResult]:
+        gate = asyncio.Semaphore(LINES_IN_FLIGHT)
+
+        async def one(line_no: int, raw: bytes) -> LineResult:
+            async with gate:
+                return await run_line(self.state, line_no, raw)
+
+        first = lease.span.first_line
+        tasks = [asyncio.create_task(one(first + i, raw)) for i, raw in enumerate(lines)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def stop(self) -> None:
+        for task in list(self.chunks):
+            task.cancel()
+        await asyncio.gather(*self.chunks, return_exceptions=True)
+
+
+def _sweep(store: JobStore) -> list[Batch]:
+    """Expire and finalize what is due; each unfinished batch as it is after that."""
+    store.expire()
+    return [store.finalize(batch_id) for batch_id in store.unfinished_batches()]
+
+
+def _validate(store: JobStore, batch: Batch) -> None:
+    """Check the input file; start the batch on it, or fail it with the errors."""
+    with store.open_file(batch.input_file_id) as src:
+        errors, tokens = validate(iter(src), batch.endpoint)
+    try:
+        if errors:
+            store.fail_batch(batch.id, errors)
+            log.info("batch %s failed validation: %s", batch.id, errors[0].message)
+            return
+        chunks = store.plan_chunks(batch.input_file_id, CHUNK_LINES)
+        store.start_batch(batch.id, chunks, tokens_total=tokens)
+    except Exception as exc:  # cancelled meanwhile, or another validator won: theirs now
+        log.info("batch %s: not started: %s", batch.id, exc)
+
+
+def attach(app: web.Application, cfg: JobsConfig | None) -> None:
+    """Give the app its store handle, the batch gauges and the runner (with ``cfg``: none
+    without it). Call it after the client's cleanup context: the runner needs the client."""
+    if cfg is None:
+        return
+    jobs = app[JOBS] = Jobs(cfg)
+    app[STATE].metrics.exposed.register(jobs.progress)
+    app.cleanup_ctx.append(_lifetime)
+
+
+async def _lifetime(app: web.Application) -> AsyncIterator[None]:
+    """The app's cleanup context: the runner runs while the app serves (after the client
+    starts, before it closes)."""
+    jobs = app[JOBS]
+    runner = BatchRunner(app[STATE], jobs)
+    task = asyncio.create_task(runner.run())
+    yield
+    task.cancel()
+    await runner.stop()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await jobs.close()

@@ -1,0 +1,76 @@
+"""The batch API's pure parts: validating an input file's lines, the token estimate, the
+retention flag's durations and the lease owner id an ingress takes."""
+
+from __future__ import annotations
+
+import json
+
+import click
+import pytest
+
+from launch.ingress_role import duration_s, jobs_config
+from launch.options import IngressArgs
+from mesh.ingress.batch_lines import MAX_ERRORS, estimate_tokens, validate
+
+
+def line(custom_id: str = "a", url: str = "/v1/embeddings", **extra: object) -> bytes:
+    doc = {"custom_id": custom_id, "method": "POST", "url": url,
+           "body": {"model": "m", "input": "x" * 40}, **extra}  # fmt: skip
+    return json.dumps(doc).encode() + b"\n"
+
+
+def test_a_valid_file_has_no_errors_and_an_estimate_of_its_tokens() -> None:
+    errors, tokens = validate(iter([line("a"), line("b")]), "/v1/embeddings")
+    assert errors == [] and tokens == 2 * (40 // 4 + 2)
+
+
+@pytest.mark.parametrize(
+    ("raw", "code", "param"),
+    [
+        (b"not json\n", "invalid_json_line", None),
+        (b"[1, 2]\n", "invalid_json_line", None),
+        (b"\n", "invalid_json_line", None),
+        (line(custom_id=""), "missing_required_parameter", "custom_id"),
+        (line(method="GET"), "invalid_method", "method"),
+        (line(url="/v1/chat/completions"), "mismatched_endpoint", "url"),
+    ],
+)
+def test_a_bad_line_is_an_error_naming_its_line(raw: bytes, code: str, param: str | None) -> None:
+    errors, _ = validate(iter([line("first"), raw]), "/v1/embeddings")
+    assert [(e.code, e.line, e.param) for e in errors] == [(code, 2, param)]
+
+
+def test_a_repeated_custom_id_fails_and_an_empty_file_fails() -> None:
+    errors, _ = validate(iter([line("a"), line("b"), line("a")]), "/v1/embeddings")
+    assert [(e.code, e.line) for e in errors] == [("duplicate_custom_id", 3)]
+    errors, _ = validate(iter([]), "/v1/embeddings")
+    assert [e.code for e in errors] == ["empty_file"]
+
+
+def test_errors_are_capped_but_every_line_is_read() -> None:
+    errors, _ = validate(iter([b"bad\n"] * (MAX_ERRORS + 5)), "/v1/embeddings")
+    assert len(errors) == MAX_ERRORS and errors[-1].line == MAX_ERRORS
+
+
+def test_token_estimates_count_ids_as_given_and_texts_by_characters() -> None:
+    assert estimate_tokens({"input": [1, 2, 3]}) == 3
+    assert estimate_tokens({"input": [[1, 2], [3]]}) == 3
+    assert estimate_tokens({"input": ["abcd" * 10, "ab"]}) == (10 + 2) + (0 + 2)
+    assert estimate_tokens("not a body") == 0
+
+
+def test_retention_durations_read_units_and_refuse_nonsense() -> None:
+    assert duration_s("30d", "--x") == 30 * 86400
+    assert duration_s("12h", "--x") == 12 * 3600
+    assert duration_s("90s", "--x") == 90 and duration_s("2", "--x") == 2 * 86400
+    for bad in ("", "0d", "-1h", "soon", "h"):
+        with pytest.raises(click.BadParameter):
+            duration_s(bad, "--x")
+
+
+def test_the_lease_owner_is_host_port_and_slot_stable_across_restarts() -> None:
+    first = jobs_config(IngressArgs(http_port=8000, ingress_slot=3))
+    assert first.owner.endswith(":8000:3")
+    assert jobs_config(IngressArgs(http_port=8000, ingress_slot=3)).owner == first.owner
+    assert jobs_config(IngressArgs(http_port=8000)).owner.endswith(":8000:0")
+    assert first.retention_s == 30 * 86400 and first.max_file_bytes == 200 << 20

@@ -1,0 +1,169 @@
+"""The Files and Batches routes in process, on a fake mesh client: uploads within their limits,
+OpenAI's objects and errors, nothing created before the first upload, and a whole batch run by
+the app's runner through the same path as /v1/embeddings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient
+
+from mesh.client import EmbedResult, ValidRequest
+from mesh.ingress.config import JobsConfig
+from proto_msgs import Lane
+from tests.unit.ingress.test_ingress_app import FakeClient, serve
+
+
+def form(
+    data: bytes, purpose: str | None = "batch", purpose_first: bool = True
+) -> aiohttp.FormData:
+    out = aiohttp.FormData()
+    if purpose is not None and purpose_first:
+        out.add_field("purpose", purpose)
+    out.add_field("file", data, filename="in.jsonl", content_type="application/jsonl")
+    if purpose is not None and not purpose_first:
+        out.add_field("purpose", purpose)
+    return out
+
+
+def jsonl(*inputs: object) -> bytes:
+    rows = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/embeddings",
+             "body": {"model": "org/tiny", "input": value}} for i, value in enumerate(inputs)]  # fmt: skip
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+@pytest.fixture
+async def jobs_http(tmp_path: Path) -> AsyncIterator[TestClient]:
+    jobs = JobsConfig(str(tmp_path / "state"), owner="test:0:0", max_file_bytes=4096,
+                      max_state_bytes=10_000)  # fmt: skip
+    client = await serve(FakeClient(), jobs=jobs)
+    yield client
+    await client.close()
+
+
+async def test_nothing_is_stored_before_the_first_upload(jobs_http: TestClient, tmp_path) -> None:
+    for path in ("/v1/files", "/v1/batches"):
+        resp = await jobs_http.get(path)
+        assert resp.status == 200 and (await resp.json())["data"] == []
+    assert (await jobs_http.get("/v1/files/file-x")).status == 404
+    assert not (tmp_path / "state").exists()
+
+
+async def test_a_file_goes_up_lists_reads_back_and_is_deleted(jobs_http: TestClient) -> None:
+    data = jsonl("a", "b")
+    made = await (await jobs_http.post("/v1/files", data=form(data, purpose_first=False))).json()
+    assert made["object"] == "file" and made["bytes"] == len(data) and made["purpose"] == "batch"
+    listed = await (await jobs_http.get("/v1/files", params={"purpose": "batch"})).json()
+    assert [f["id"] for f in listed["data"]] == [made["id"]] and not listed["has_more"]
+    content = await jobs_http.get(f"/v1/files/{made['id']}/content")
+    assert content.status == 200 and await content.read() == data
+    gone = await (await jobs_http.delete(f"/v1/files/{made['id']}")).json()
+    assert gone == {"id": made["id"], "object": "file", "deleted": True}
+    missing = await jobs_http.get(f"/v1/files/{made['id']}")
+    assert missing.status == 404 and (await missing.json())["error"]["code"] == "not_found"
+
+
+async def test_uploads_over_a_limit_or_of_another_purpose_are_refused(
+    jobs_http: TestClient,
+) -> None:
+    resp = await jobs_http.post("/v1/files", data=form(b"x" * 5000))
+    assert resp.status == 413 and (await resp.json())["error"]["param"] == "file"
+    for first in (True, False):
+        resp = await jobs_http.post("/v1/files", data=form(b"{}\n", "fine-tune", first))
+        assert resp.status == 400 and (await resp.json())["error"]["param"] == "purpose"
+    resp = await jobs_http.post("/v1/files", data=form(b"{}\n", None))
+    assert resp.status == 400
+    assert (await jobs_http.post("/v1/files", json={"file": "x"})).status == 400
+    assert (await (await jobs_http.get("/v1/files")).json())["data"] == []
+    for _ in range(2):  # 2 x 4000 bytes fit in 10,000; the third does not
+        assert (await jobs_http.post("/v1/files", data=form(b"y" * 4000))).status == 200
+    full = await jobs_http.post("/v1/files", data=form(b"z" * 4000))
+    assert full.status == 507 and (await full.json())["error"]["code"] == "storage_full"
+
+
+async def test_without_a_store_the_routes_answer_503() -> None:
+    client = await serve(FakeClient())
+    try:
+        resp = await client.get("/v1/batches")
+        assert resp.status == 503 and (await resp.json())["error"]["code"] == "unavailable"
+    finally:
+        await client.close()
+
+
+async def test_a_batch_runs_through_the_embeddings_path_to_its_output_file(
+    jobs_http: TestClient,
+) -> None:
+    made = await (await jobs_http.post("/v1/files", data=form(jsonl("a b", ["c"], "")))).json()
+    bad = await jobs_http.post("/v1/batches", json={"input_file_id": made["id"],
+                                                     "endpoint": "/v1/chat/completions"})  # fmt: skip
+    assert bad.status == 400 and (await bad.json())["error"]["param"] == "endpoint"
+    window = await jobs_http.post("/v1/batches", json={"input_file_id": made["id"],
+        "endpoint": "/v1/embeddings", "completion_window": "1h"})  # fmt: skip
+    assert window.status == 400
+    resp = await jobs_http.post(
+        "/v1/batches", json={"input_file_id": made["id"], "endpoint": "/v1/embeddings"}
+    )
+    batch = await resp.json()
+    assert resp.status == 200 and batch["status"] == "validating"
+    for _ in range(200):
+        batch = await (await jobs_http.get(f"/v1/batches/{batch['id']}")).json()
+        if batch["status"] == "completed":
+            break
+        await asyncio.sleep(0.05)
+    assert batch["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+    assert batch["tokens_done"] > 0 and batch["eta_seconds"] is None
+    out = await (await jobs_http.get(f"/v1/files/{batch['output_file_id']}/content")).read()
+    rows = [json.loads(r) for r in out.splitlines()]
+    assert [r["custom_id"] for r in rows] == ["c0", "c1"]
+    assert rows[0]["response"]["status_code"] == 200 and rows[0]["error"] is None
+    assert rows[0]["response"]["body"]["object"] == "list"
+    err = await (await jobs_http.get(f"/v1/files/{batch['error_file_id']}/content")).read()
+    row = json.loads(err)
+    assert row["custom_id"] == "c2" and row["response"]["status_code"] == 422
+    assert row["response"]["body"]["error"]["param"] == "input"
+    again = await jobs_http.post(f"/v1/batches/{batch['id']}/cancel")
+    assert again.status == 409
+    metrics = await (await jobs_http.get("/metrics")).text()
+    assert 'embedmesh_batches{status="in_progress"}' in metrics
+    assert 'embedmesh_batch_tokens{state="done"}' in metrics
+
+
+class LaneRecorder(FakeClient):
+    """The fake mesh, remembering the lane of every request it was sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lanes: list[Lane] = []
+
+    async def submit(self, request: ValidRequest, timeout_s: float | None = None) -> EmbedResult:
+        self.lanes.append(request.lane)
+        return await super().submit(request, timeout_s)
+
+
+async def test_batch_lines_go_to_the_batch_lane_where_the_same_request_live_would_not(
+    tmp_path: Path,
+) -> None:
+    # The broker serves the interactive lane first (tests/unit/broker/test_broker_queue.py),
+    # so a batch never delays a live query as long as its lines go on the batch lane.
+    fake = LaneRecorder()
+    client = await serve(fake, jobs=JobsConfig(str(tmp_path / "state"), owner="t:0:0"))
+    try:
+        live = await client.post("/v1/embeddings", json={"model": "org/tiny", "input": "a b"})
+        assert live.status == 200 and fake.lanes == [Lane.INTERACTIVE]
+        made = await (await client.post("/v1/files", data=form(jsonl("a b", "a b")))).json()
+        body = {"input_file_id": made["id"], "endpoint": "/v1/embeddings"}
+        batch = await (await client.post("/v1/batches", json=body)).json()
+        for _ in range(200):
+            batch = await (await client.get(f"/v1/batches/{batch['id']}")).json()
+            if batch["status"] == "completed":
+                break
+            await asyncio.sleep(0.05)
+        assert batch["status"] == "completed"
+        assert fake.lanes == [Lane.INTERACTIVE, Lane.BATCH, Lane.BATCH]
+    finally:
+        await client.close()
