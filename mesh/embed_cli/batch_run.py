@@ -93,6 +93,7 @@ class BatchRunner:
         if self.dims and (self.dir / "vectors.f32").exists():  # an earlier run's collected rows
             self._scratch = Scratch(self.dir, self.total, self.dims)
         self._tokens_seen = sum(p.tokens for p in self.parts)
+        self._server: dict[int, tuple[Any, Any]] = {}  # part -> (tokens/s, ETA s) it states
         self.bar = tqdm(total=self.total, unit="text", file=sys.stderr, dynamic_ncols=True,
                         disable=not job.show_progress, mininterval=0.5)  # fmt: skip
 
@@ -191,6 +192,8 @@ class BatchRunner:
         part.done = int(counts.get("completed") or 0) + int(counts.get("failed") or 0)
         self._tokens_seen += max(0, int(batch.get("tokens_done") or 0) - part.tokens)
         part.tokens = max(part.tokens, int(batch.get("tokens_done") or 0))
+        # embedmesh's extra fields (other servers send neither): the server's own view.
+        self._server[part.index] = (batch.get("tokens_per_second"), batch.get("eta_seconds"))
         if part.status == "failed":
             errors = (batch.get("errors") or {}).get("data") or []
             reasons = "; ".join(str(e.get("message")) for e in errors[:5]) or "no reason given"
@@ -217,9 +220,15 @@ class BatchRunner:
     def _show(self) -> None:
         done = sum(p.end - p.start if p.collected else p.done for p in self.parts)
         self.bar.update(max(0, min(done, self.total) - self.bar.n))
+        running = [self._server.get(p.index, (None, None)) for p in self.parts if not p.collected]
+        rates = [float(r) for r, _ in running if isinstance(r, int | float)]
+        etas = [float(e) for _, e in running if isinstance(e, int | float)]
         elapsed = max(time.monotonic() - self.started, 1e-6)
-        if self._tokens_seen:
-            self.bar.set_postfix_str(f"{self._tokens_seen / elapsed:,.0f} tok/s", refresh=False)
+        rate = sum(rates) if rates else self._tokens_seen / elapsed
+        postfix = f"{rate:,.0f} tok/s" if rate else ""
+        if etas:
+            postfix += f", server ETA {max(etas):,.0f} s"
+        self.bar.set_postfix_str(postfix, refresh=False)
         self.bar.refresh()
 
     async def _cancel_all(self, api: BatchApi) -> None:
