@@ -1,7 +1,8 @@
 """A fake OpenAI Files and Batches API beside the fake ``/v1/embeddings`` (``FakeServer``), for
 ``mesh-embed --batch``'s tests without a mesh.
 
-A batch runs in the server's loop, ``line_delay_s`` a line, its ``request_counts`` and
+Files are kept on disk (a temporary directory), so a test can push a large file through without
+the test process holding it. A batch runs in the server's loop, ``line_delay_s`` a line, its ``request_counts`` and
 ``tokens_done`` moving as it goes; its output file lists the lines in reverse (OpenAI promises
 no order, so clients must not rely on one); a line whose text starts with ``BAD`` fails with a
 400 into the error file, as embedmesh fails a line too long for the model.
@@ -12,9 +13,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import itertools
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -28,29 +32,33 @@ _ids = itertools.count(1)
 @dataclass
 class FakeBatchServer(FakeServer):
     line_delay_s: float = 0.0
-    files: dict[str, bytes] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="fake-batches-")))
     batches: dict[str, dict[str, Any]] = field(default_factory=dict)
     deleted: list[str] = field(default_factory=list)
     lines_run: int = 0  # batch lines answered, all batches together
 
-    def _file(self, content: bytes) -> str:
+    def _file(self, lines: list[bytes] | None = None) -> tuple[str, Path]:
         file_id = f"file-{next(_ids)}"
-        self.files[file_id] = content
-        return file_id
+        self.files[file_id] = path = self.root / file_id
+        path.write_bytes(b"".join(line + b"\n" for line in lines or []))
+        return file_id, path
 
     async def _upload(self, request: web.Request) -> web.Response:
         form = await request.post()
         if form.get("purpose") != "batch":
             return self._answer(400, {}, "purpose must be batch")
         upload = form["file"]
-        file_id = self._file(upload.file.read())  # type: ignore[union-attr]
+        file_id, path = self._file()
+        with path.open("wb") as out:
+            shutil.copyfileobj(upload.file, out)  # type: ignore[union-attr]
         return web.json_response({"id": file_id, "object": "file", "purpose": "batch"})
 
     async def _create(self, request: web.Request) -> web.Response:
         body = await request.json()
         if body.get("input_file_id") not in self.files or body["endpoint"] != "/v1/embeddings":
             return self._answer(400, {}, "no such file or endpoint")
-        lines = self.files[body["input_file_id"]].splitlines()
+        lines = self.files[body["input_file_id"]].read_bytes().splitlines()
         batch = {"id": f"batch_{next(_ids)}", "object": "batch", "status": "in_progress",
                  "input_file_id": body["input_file_id"], "output_file_id": None,
                  "error_file_id": None, "errors": None, "metadata": body.get("metadata"),
@@ -61,23 +69,30 @@ class FakeBatchServer(FakeServer):
         return web.json_response(batch)
 
     async def _run(self, batch: dict[str, Any], lines: list[bytes]) -> None:
-        out: list[bytes] = []
-        errors: list[bytes] = []
+        """Answers each line; the output file holds the odd lines, then the even ones (an
+        order of the server's own), written as they go."""
+        (odd_id, odd), (even_id, even), (error_id, error) = self._file(), self._file(), self._file()
         counts = batch["request_counts"]
-        for raw in lines:
-            if batch["status"] != "in_progress":
-                break
-            if self.line_delay_s:
-                await asyncio.sleep(self.line_delay_s)
-            line = orjson.loads(raw)
-            (out if (answer := self._line(line))["error"] is None else errors).append(
-                orjson.dumps(answer)
-            )
-            counts["completed" if answer["error"] is None else "failed"] += 1
-            batch["tokens_done"] += fake_tokens([line["body"]["input"]])
-            self.lines_run += 1
-        batch["output_file_id"] = self._file(b"\n".join(reversed(out)) + b"\n") if out else None
-        batch["error_file_id"] = self._file(b"\n".join(errors) + b"\n") if errors else None
+        with odd.open("ab") as odd_f, even.open("ab") as even_f, error.open("ab") as error_f:
+            for n, raw in enumerate(lines):
+                if batch["status"] != "in_progress":
+                    break
+                await asyncio.sleep(self.line_delay_s)  # 0: lets the polls in between lines
+                line = orjson.loads(raw)
+                answer = self._line(line)
+                ok = answer["error"] is None
+                (error_f if not ok else odd_f if n % 2 else even_f).write(
+                    orjson.dumps(answer) + b"\n"
+                )
+                counts["completed" if ok else "failed"] += 1
+                batch["tokens_done"] += fake_tokens([line["body"]["input"]])
+                self.lines_run += 1
+        with odd.open("ab") as odd_f, even.open("rb") as even_f:
+            shutil.copyfileobj(even_f, odd_f)
+        even.unlink()
+        del self.files[even_id]
+        batch["output_file_id"] = odd_id if odd.stat().st_size else None
+        batch["error_file_id"] = error_id if error.stat().st_size else None
         batch["status"] = "completed" if batch["status"] == "in_progress" else "cancelled"
 
     def _line(self, line: dict[str, Any]) -> dict[str, Any]:
@@ -112,15 +127,17 @@ class FakeBatchServer(FakeServer):
         return web.json_response(batch)
 
     async def _content(self, request: web.Request) -> web.StreamResponse:
-        content = self.files.get(request.match_info["id"])
-        if content is None:
+        path = self.files.get(request.match_info["id"])
+        if path is None:
             return self._answer(404, {}, "no such file")
-        return web.Response(body=content, content_type="application/jsonl")
+        return web.FileResponse(path)
 
     async def _delete(self, request: web.Request) -> web.Response:
         file_id = request.match_info["id"]
-        if self.files.pop(file_id, None) is None:
+        path = self.files.pop(file_id, None)
+        if path is None:
             return self._answer(404, {}, "no such file")
+        path.unlink()
         self.deleted.append(file_id)
         return web.json_response({"id": file_id, "object": "file", "deleted": True})
 
@@ -144,4 +161,9 @@ class FakeBatchServer(FakeServer):
 
 
 def serve_batches(**options: Any) -> Iterator[FakeBatchServer]:
-    yield from FakeBatchServer(**options).serve()
+    """A fixture's body: the server, its files removed at the end."""
+    server = FakeBatchServer(**options)
+    try:
+        yield from server.serve()
+    finally:
+        shutil.rmtree(server.root, ignore_errors=True)

@@ -1,7 +1,8 @@
 """mesh-embed --batch as a process against a fake Files and Batches API: the output equals the
 direct mode's, split over several batches; failed lines are listed and exit 4; Ctrl-C leaves
 the batches running and --resume reattaches to them (no batch created twice); with
---cancel-on-interrupt they are cancelled and --resume submits them again; kill -9 too."""
+--cancel-on-interrupt they are cancelled and --resume submits them again; kill -9 too; and its
+memory stays bounded on a file whose vectors it could not hold."""
 
 from __future__ import annotations
 
@@ -15,15 +16,22 @@ import numpy as np
 import orjson
 import pytest
 
-from tests.fake_batches import FakeBatchServer
-from tests.fake_embeddings import fake_vectors, mesh_embed_command, read_output, write_input
+from tests.fake_batches import FakeBatchServer, serve_batches
+from tests.fake_embeddings import (
+    DIMS,
+    fake_vectors,
+    mesh_embed_command,
+    peak_rss_mib,
+    read_output,
+    write_input,
+)
 
 ROWS = 600
 
 
 @pytest.fixture
 def server() -> Iterator[FakeBatchServer]:
-    yield from FakeBatchServer().serve()
+    yield from serve_batches()
 
 
 def command(server: FakeBatchServer, source: Path, out: Path, *extra: str) -> list[str]:
@@ -138,3 +146,23 @@ def test_a_direct_run_s_progress_is_not_resumed_as_a_batch_run(
     assert done.returncode == 1
     assert "belongs to another run" in done.stderr
     assert not server.batches
+
+
+def test_memory_stays_bounded_on_a_file_whose_vectors_would_not_fit(
+    server: FakeBatchServer, tmp_path: Path
+) -> None:
+    big, small = 100_000, 2_000
+    as_floats_mib = big * DIMS * 4 / 2**20  # 146 MiB, were every vector held at once
+    source = tmp_path / "big.jsonl"
+    with source.open("wb") as f:
+        f.writelines(orjson.dumps({"text": f"r{i}"}) + b"\n" for i in range(big))
+    head = write_input(tmp_path / "small.jsonl", [f"r{i}" for i in range(small)])
+    common = ["--url", server.url, "--model", "fake", "--batch", "--batch-file-lines", "40000",
+              "--poll-interval", "0.2", "--quiet"]  # fmt: skip
+    baseline = peak_rss_mib([str(head), "-o", str(tmp_path / "small.npy"), *common])
+    peak = peak_rss_mib([str(source), "-o", str(tmp_path / "big.npy"), *common])
+    assert peak - baseline < 48, (baseline, peak, as_floats_mib)
+    vectors = np.load(tmp_path / "big.npy", mmap_mode="r")
+    assert vectors.shape == (big, DIMS)
+    rows = [0, 54_321, big - 1]
+    assert np.array_equal(vectors[rows], fake_vectors([f"r{i}" for i in rows]))
