@@ -1,0 +1,35 @@
+"""mesh-bench index's pieces without a mesh: the corpus repeated with distinct ids, and the
+tokens read from mesh-embed's own summary line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+from click.testing import CliRunner
+
+from bench.harness.index import SUMMARY, main, write_corpus
+from mesh.embed_cli.cli import _summary_line
+from mesh.embed_cli.pipeline import Summary
+
+
+def test_the_corpus_is_repeated_with_an_id_per_row(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    assert write_corpus(path, ["a", "b", "c"], 2) == 6
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    assert [r["text"] for r in rows] == ["a", "b", "c"] * 2
+    assert len({r["id"] for r in rows}) == 6
+
+
+def test_the_tokens_are_read_from_mesh_embed_s_summary_line() -> None:
+    line = _summary_line(Summary(rows=2500, skipped=0, tokens=1_234_567, seconds=12.5),
+                         Path("out.npy"))  # fmt: skip
+    match = SUMMARY.search(line)
+    assert match is not None
+    assert int(match.group(1).replace(",", "")) == 1_234_567
+
+
+def test_an_unknown_way_is_refused_before_anything_starts() -> None:
+    result = CliRunner().invoke(main, ["--ways", "direct,carrier-pigeon"])
+    assert result.exit_code == 2
+    assert "carrier-pigeon" in result.output
