@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import signal
 import sys
 from pathlib import Path
@@ -119,11 +121,22 @@ def command(input_path: Path, output: Path, url: str, model: str, text_field: st
     if not quiet:
         click.echo(_summary_line(summary, output), err=True)
     if summary.failed:
-        errors = errors_path_of(output)
-        click.echo(f"mesh-embed: {summary.failed:,} rows failed; their ids and the server's "
-                   f"reasons are in {errors}", err=True)  # fmt: skip
+        click.echo(_failed_lines(summary.failed, errors_path_of(output)), err=True)
         return int(ExitCode.PARTIAL)
     return int(ExitCode.DONE)
+
+
+def _failed_lines(failed: int, errors: Path, shown: int = 5) -> str:
+    """The count, the file listing every failed row, and the first few rows themselves."""
+    lines = [f"mesh-embed: {failed:,} rows failed; their ids and the server's reasons are "
+             f"in {errors}"]  # fmt: skip
+    with errors.open("rb") as f:
+        for line in itertools.islice(f, shown):
+            doc = json.loads(line)
+            lines.append(f"  row {doc['row'] + 1} (id {doc['id']!r}): {doc['error']}"[:300])
+    if failed > shown:
+        lines.append(f"  ... and {failed - shown:,} more")
+    return "\n".join(lines)
 
 
 def _runner(job: Job) -> Runner | BatchRunner:
