@@ -4,8 +4,8 @@
 Files are kept on disk (a temporary directory), so a test can push a large file through without
 the test process holding it. A batch runs in the server's loop, ``line_delay_s`` a line, its ``request_counts`` and
 ``tokens_done`` moving as it goes; its output file lists the lines in reverse (OpenAI promises
-no order, so clients must not rely on one); a line whose text starts with ``BAD`` fails with a
-400 into the error file, as embedmesh fails a line too long for the model.
+no order, so clients must not rely on one); a line with a text that starts with ``BAD`` fails with
+a 400 into the error file, as embedmesh fails a line too long for the model.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ class FakeBatchServer(FakeServer):
                     orjson.dumps(answer) + b"\n"
                 )
                 counts["completed" if ok else "failed"] += 1
-                batch["tokens_done"] += fake_tokens([line["body"]["input"]])
+                texts = line["body"]["input"]
+                batch["tokens_done"] += fake_tokens(texts if isinstance(texts, list) else [texts])
                 self.lines_run += 1
         with odd.open("ab") as odd_f, even.open("rb") as even_f:
             shutil.copyfileobj(even_f, odd_f)
@@ -96,19 +97,21 @@ class FakeBatchServer(FakeServer):
         batch["status"] = "completed" if batch["status"] == "in_progress" else "cancelled"
 
     def _line(self, line: dict[str, Any]) -> dict[str, Any]:
-        body, text = line["body"], line["body"]["input"]
+        body = line["body"]
+        texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
         answer = {"id": f"batch_req_{next(_ids)}", "custom_id": line["custom_id"], "error": None}
-        if text.startswith("BAD"):
-            error = {"message": f"text {text!r} refused", "type": "invalid_request_error"}
+        if bad := [t for t in texts if t.startswith("BAD")]:
+            error = {"message": f"text {bad[0]!r} refused", "type": "invalid_request_error"}
             answer["response"] = {"status_code": 400, "request_id": "r", "body": {"error": error}}
             answer["error"] = {"code": "invalid_request", "message": error["message"]}
             return answer
-        vector = fake_vectors([text], body.get("dimensions") or self.dims)[0]
+        vectors = fake_vectors(texts, body.get("dimensions") or self.dims)
         as_base64 = body.get("encoding_format") == "base64"
-        data = [{"object": "embedding", "index": 0,
-                 "embedding": base64.b64encode(vector.tobytes()).decode()
-                 if as_base64 else vector.tolist()}]  # fmt: skip
-        tokens = fake_tokens([text])
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.tobytes()).decode() if as_base64 else v.tolist()}
+                for i, v in enumerate(vectors)]  # fmt: skip
+        data.reverse()  # clients must place each vector by its index
+        tokens = fake_tokens(texts)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         answer["response"] = {"status_code": 200, "request_id": "r",
                               "body": {"object": "list", "data": data, "usage": usage}}  # fmt: skip

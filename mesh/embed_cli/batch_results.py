@@ -19,6 +19,7 @@ import numpy as np
 import orjson
 import pybase64
 
+from mesh.embed_cli.batch_requests import rows_of
 from mesh.embed_cli.errors import ServerRefused
 from mesh.embed_cli.sinks import NpySink, Sink
 
@@ -104,36 +105,47 @@ class Ingest:
         self.failures = failures
         self.tokens = self.duplicates = 0
 
-    def _row(self, doc: dict[str, Any], where: str) -> int:
-        custom_id = doc.get("custom_id")
+    def _rows(self, doc: dict[str, Any], where: str) -> range:
+        custom = doc.get("custom_id")
         try:
-            row = int(custom_id)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise ServerRefused(f"{where}: custom_id {custom_id!r} is none of ours") from None
-        if not self.start <= row < self.end:
-            raise ServerRefused(f"{where}: custom_id {custom_id!r} is not in this batch")
-        return row
+            rows = rows_of(custom)
+        except ValueError:
+            raise ServerRefused(f"{where}: custom_id {custom!r} is none of ours") from None
+        if not self.start <= rows.start < rows.stop <= self.end:
+            raise ServerRefused(f"{where}: custom_id {custom!r} is not in this batch")
+        return rows
 
     def file(self, path: Path) -> None:
         for number, doc in result_lines(path):
             where = f"{path.name}: line {number}"
-            row, reason = self._row(doc, where), failure_of(doc)
+            rows, reason = self._rows(doc, where), failure_of(doc)
             if reason is not None:
-                self.failures.write(orjson.dumps({"row": row, "error": reason}) + b"\n")
+                self.failures.writelines(orjson.dumps({"row": row, "error": reason}) + b"\n"
+                                         for row in rows)  # fmt: skip
                 continue
             body = doc["response"].get("body") or {}
             data = body.get("data") if isinstance(body, dict) else None
-            if not isinstance(data, list) or len(data) != 1:
-                raise ServerRefused(f"{where}: not one embedding in the response body")
-            vector = decode_vector(data[0].get("embedding"))
-            scratch = self.scratch_of(len(vector))
-            if len(vector) != scratch.dims:
-                raise ServerRefused(f"{where}: a vector of {len(vector)}, not {scratch.dims}")
-            if not scratch.put(row, vector):
-                self.duplicates += 1
-                continue
-            usage = body.get("usage") or {}
-            self.tokens += int(usage.get("prompt_tokens") or usage.get("total_tokens") or 0)
+            if not isinstance(data, list) or len(data) != len(rows):
+                raise ServerRefused(f"{where}: not {len(rows)} embeddings in the response body")
+            fresh = False
+            for position, item in enumerate(data):
+                index = item.get("index", position)
+                if not isinstance(index, int) or not 0 <= index < len(rows):
+                    raise ServerRefused(f"{where}: an embedding's index {index!r} is out of range")
+                fresh |= self._put(rows[index], decode_vector(item.get("embedding")), where)
+            if fresh:  # a line answered twice counts its tokens once
+                usage = body.get("usage") or {}
+                self.tokens += int(usage.get("prompt_tokens") or usage.get("total_tokens") or 0)
+
+    def _put(self, row: int, vector: np.ndarray, where: str) -> bool:
+        """Writes one vector; False when its row had one already (a duplicate, dropped)."""
+        scratch = self.scratch_of(len(vector))
+        if len(vector) != scratch.dims:
+            raise ServerRefused(f"{where}: a vector of {len(vector)}, not {scratch.dims}")
+        if scratch.put(row, vector):
+            return True
+        self.duplicates += 1
+        return False
 
 
 def failures_by_row(path: Path) -> dict[int, str]:

@@ -156,7 +156,8 @@ class BatchRunner:
         files = write_request_files(enumerate(texts, first), self.dir, body,
                                     max_bytes=self.job.batch_file_bytes,
                                     max_lines=self.job.batch_file_lines,
-                                    first_index=len(self.parts))  # fmt: skip
+                                    first_index=len(self.parts),
+                                    texts_per_line=self.job.batch_size)  # fmt: skip
         for request_file in files:
             part = Part(request_file.index, request_file.start, request_file.end)
             self.parts.append(part)

@@ -50,7 +50,12 @@ class Interrupted(Exception):
               help="How vectors travel; base64 is smaller and exact (as the openai client).")  # fmt: skip
 @click.option("--concurrency", type=click.IntRange(1, 256), default=4,
               help="Requests in flight at most.")  # fmt: skip
-@click.option("--batch-size", type=click.IntRange(1, 2048), default=64, help="Texts a request.")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, 2048),
+    default=64,
+    help="Texts a request (with --batch: a line of the batch).",
+)
 @click.option("--priority", type=click.Choice(["batch", "interactive"]), default="batch",
               help="The embedmesh lane asked for (the X-Embedmesh-Priority header): batch work "
                    "never delays live queries. Other servers ignore it.")  # fmt: skip
@@ -69,7 +74,7 @@ class Interrupted(Exception):
 @click.option("--batch", is_flag=True,
               help="Through the server's Batch API (/files, /batches) instead of live requests: "
                    "the batches run on the server, and survive this command's end (--resume "
-                   "reattaches). --concurrency and --batch-size do not apply.")  # fmt: skip
+                   "reattaches). --concurrency does not apply.")  # fmt: skip
 @click.option("--batch-file-bytes", type=click.IntRange(min=1024), default=200 * 10**6,
               help="--batch: the largest request file uploaded; more rows go to more batches.")  # fmt: skip
 @click.option("--batch-file-lines", type=click.IntRange(min=1), default=50_000,

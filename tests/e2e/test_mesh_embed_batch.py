@@ -63,11 +63,11 @@ def test_batch_output_equals_the_direct_mode_s_for_the_same_file(
                           timeout=240)  # fmt: skip
     assert done.returncode == 0, done.stderr
     before = len(batches_of(served))
-    done = subprocess.run(mesh_embed(served, source, batched, "--batch", "--batch-file-lines",
-                                     "60", "--poll-interval", "0.5"),
+    done = subprocess.run(mesh_embed(served, source, batched, "--batch", "--batch-size", "16",
+                                     "--batch-file-lines", "4", "--poll-interval", "0.5"),
                           stderr=subprocess.PIPE, text=True, timeout=240)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert len(batches_of(served)) - before == 3  # 150 rows, 60 a batch
+    assert len(batches_of(served)) - before == 3  # 150 rows, 64 a batch
     direct_ids, direct_vectors = read_output(direct)
     ids, vectors = read_output(batched)
     assert ids == direct_ids == [f"doc-{i}" for i in range(len(texts))]
@@ -80,7 +80,8 @@ def test_a_row_the_server_refuses_is_listed_with_its_id_and_exits_4(
 ) -> None:
     rows = [*texts[:20], "", *texts[20:30]]  # an empty input is refused, that line only
     source, out = write_input(tmp_path / "in.jsonl", rows), tmp_path / "out.npy"
-    done = subprocess.run(mesh_embed(served, source, out, "--batch", "--poll-interval", "0.5"),
+    done = subprocess.run(mesh_embed(served, source, out, "--batch", "--batch-size", "1",
+                                     "--poll-interval", "0.5"),
                           stderr=subprocess.PIPE, text=True, timeout=240)  # fmt: skip
     assert done.returncode == 4, done.stderr
     errors = [orjson.loads(line) for line in (tmp_path / "out.npy.errors.jsonl").open("rb")]

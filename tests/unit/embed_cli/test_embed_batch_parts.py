@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 import pytest
 
-from mesh.embed_cli.batch_requests import request_body, write_request_files
+from mesh.embed_cli.batch_requests import custom_id, request_body, rows_of, write_request_files
 from mesh.embed_cli.batch_results import Ingest, Scratch, emit_span, failure_of, failures_by_row
 from mesh.embed_cli.errors import InputError, ServerRefused
 from mesh.embed_cli.sinks import JsonlSink, NpySink
@@ -38,6 +38,29 @@ def test_request_files_hold_one_request_a_row_keyed_by_row_number(tmp_path: Path
     assert all(f.bytes == f.path.stat().st_size for f in files)
 
 
+def test_rows_are_grouped_into_requests_of_batch_size_texts(tmp_path: Path) -> None:
+    body = request_body("m", "float", None)
+    rows = enumerate([f"t{i}" for i in range(7)])
+    files = list(write_request_files(rows, tmp_path, body, max_lines=2, texts_per_line=3))
+    assert [(f.start, f.end) for f in files] == [(0, 6), (6, 7)]
+    first, last = lines(files[0].path), lines(files[1].path)
+    assert [line["custom_id"] for line in first + last] == ["0-3", "3-6", "6"]
+    assert first[1]["body"]["input"] == ["t3", "t4", "t5"]
+    assert last[0]["body"]["input"] == "t6"
+
+
+@pytest.mark.parametrize("custom", ["0-3", "7", "12-14"])
+def test_each_custom_id_names_its_rows_back(custom: str) -> None:
+    rows = rows_of(custom)
+    assert custom_id(rows.start, len(rows)) == custom
+
+
+@pytest.mark.parametrize("custom", ["x", "3-3", "5-2", "-1", "0-1", "03", None, 4])
+def test_a_custom_id_of_another_shape_is_refused(custom: object) -> None:
+    with pytest.raises(ValueError):
+        rows_of(custom)
+
+
 def test_a_request_file_closes_before_it_would_pass_its_byte_limit(tmp_path: Path) -> None:
     body = request_body("m", "float", None)
     texts = ["x" * 50] * 10
@@ -51,7 +74,7 @@ def test_a_row_whose_request_alone_is_over_the_byte_limit_is_an_input_error(
     tmp_path: Path,
 ) -> None:
     rows = enumerate(["short", "y" * 1000])
-    with pytest.raises(InputError, match="row 2"):
+    with pytest.raises(InputError, match="rows 2-2"):
         list(write_request_files(rows, tmp_path, request_body("m", "float", None), max_bytes=300))
 
 
@@ -92,6 +115,22 @@ def test_result_lines_in_any_order_land_on_their_rows(tmp_path: Path) -> None:
     assert arrived.all()
     assert np.array_equal(vectors, np.stack([vector(r) for r in range(2, 6)]))
     assert (ingest.tokens, ingest.duplicates) == (12, 1)  # the second row 4 is dropped
+
+
+def test_a_line_of_several_rows_lands_each_vector_by_its_index(tmp_path: Path) -> None:
+    data = [{"index": i, "embedding": vector(4 + i).tolist()} for i in (2, 0, 1)]
+    body = {"data": data, "usage": {"prompt_tokens": 9}}
+    doc = {"custom_id": "4-7", "error": None, "response": {"status_code": 200, "body": body}}
+    ingest, scratch, _ = ingest_into(tmp_path, [doc], (4, 7))
+    vectors, arrived = scratch.read(4, 3)
+    assert arrived.all() and ingest.tokens == 9
+    assert np.array_equal(vectors, np.stack([vector(r) for r in (4, 5, 6)]))
+
+
+def test_a_failed_line_of_several_rows_fails_each_of_them(tmp_path: Path) -> None:
+    doc = {**failure(0), "custom_id": "0-2"}
+    _, _, failed = ingest_into(tmp_path, [doc], (0, 2))
+    assert [orjson.loads(line)["row"] for line in failed.getvalue().splitlines()] == [0, 1]
 
 
 def test_failed_lines_are_recorded_and_their_rows_stay_empty(tmp_path: Path) -> None:
