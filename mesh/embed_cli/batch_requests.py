@@ -6,8 +6,8 @@ One line per ``--batch-size`` rows (a request of that many texts, as the direct 
 one row has that row's number alone as its custom_id. Row numbers count from 0 and are unique
 by construction, whatever the id field holds (ids may repeat or be numbers); the output puts
 each vector back on its row by them. A file is closed before it would pass ``max_bytes`` or
-``max_lines`` (OpenAI's limits: 200 MB and 50,000 requests a batch), and the next rows go to
-the next file: one batch each.
+``max_rows`` rows (OpenAI's limits: 200 MB, and 50,000 embedding inputs a batch, which keeps
+it under 50,000 requests too), and the next rows go to the next file: one batch each.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import orjson
 from mesh.embed_cli.errors import InputError
 
 ENDPOINT = "/v1/embeddings"
-MAX_LINES = 50_000  # OpenAI: requests a batch
+MAX_ROWS = 50_000  # OpenAI: embedding inputs (and requests) a batch
 MAX_BYTES = 200 * 10**6  # OpenAI: an input file's size
 
 
@@ -86,7 +86,7 @@ def write_request_files(
     body: dict[str, Any],
     *,
     max_bytes: int = MAX_BYTES,
-    max_lines: int = MAX_LINES,
+    max_rows: int = MAX_ROWS,
     first_index: int = 0,
     texts_per_line: int = 1,
 ) -> Iterator[RequestFile]:
@@ -95,7 +95,7 @@ def write_request_files(
     written); rows must come in order."""
     out: BinaryIO | None = None
     current: RequestFile | None = None
-    index, lines = first_index, 0
+    index = first_index
     try:
         for row, texts in grouped(rows, texts_per_line):
             line = request_line(row, texts, body)
@@ -104,20 +104,20 @@ def write_request_files(
                                  f"{len(line):,} bytes, over --batch-file-bytes ({max_bytes:,}); "
                                  "a smaller --batch-size helps")  # fmt: skip
             full = current is not None and (
-                current.bytes + len(line) > max_bytes or lines >= max_lines
+                current.bytes + len(line) > max_bytes
+                or current.end - current.start + len(texts) > max_rows
             )
             if current is not None and full:
                 assert out is not None
                 out.close()
                 yield current
-                current, index, lines = None, index + 1, 0
+                current, index = None, index + 1
             if current is None:
                 path = directory / f"requests-{index:05d}.jsonl"
                 out, current = path.open("wb"), RequestFile(index, row, row, path, 0)
             assert out is not None
             out.write(line)
             current.end, current.bytes = row + len(texts), current.bytes + len(line)
-            lines += 1
         if current is not None:
             assert out is not None
             out.close()

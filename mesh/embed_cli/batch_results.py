@@ -149,7 +149,7 @@ class Ingest:
 
 
 def failures_by_row(path: Path) -> dict[int, str]:
-    """One batch's failed rows and reasons (a batch has at most ``--batch-file-lines`` rows,
+    """One batch's failed rows and reasons (a batch has at most ``--batch-rows`` rows,
     so this stays bounded whatever the input's size)."""
     found: dict[int, str] = {}
     if path.exists():

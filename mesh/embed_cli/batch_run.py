@@ -155,9 +155,9 @@ class BatchRunner:
         body = request_body(self.job.model, self.job.encoding_format, self.job.dimensions)
         files = write_request_files(enumerate(texts, first), self.dir, body,
                                     max_bytes=self.job.batch_file_bytes,
-                                    max_lines=self.job.batch_file_lines,
+                                    max_rows=self.job.batch_rows,
                                     first_index=len(self.parts),
-                                    texts_per_line=self.job.batch_size)  # fmt: skip
+                                    texts_per_line=min(self.job.batch_size, self.job.batch_rows))  # fmt: skip
         for request_file in files:
             part = Part(request_file.index, request_file.start, request_file.end)
             self.parts.append(part)

@@ -77,8 +77,8 @@ class Interrupted(Exception):
                    "reattaches). --concurrency does not apply.")  # fmt: skip
 @click.option("--batch-file-bytes", type=click.IntRange(min=1024), default=200 * 10**6,
               help="--batch: the largest request file uploaded; more rows go to more batches.")  # fmt: skip
-@click.option("--batch-file-lines", type=click.IntRange(min=1), default=50_000,
-              help="--batch: the most rows (requests) a batch holds (OpenAI's limit).")  # fmt: skip
+@click.option("--batch-rows", type=click.IntRange(min=1), default=50_000,
+              help="--batch: the most rows (embedding inputs) a batch holds (OpenAI's limit).")  # fmt: skip
 @click.option("--completion-window", default="24h", help="--batch: the batches' window.")
 @click.option("--poll-interval", "poll_interval_s", type=click.FloatRange(min=0.05),
               default=5.0, help="--batch: the longest wait, in seconds, between two looks at "
@@ -92,7 +92,7 @@ def command(input_path: Path, output: Path, url: str, model: str, text_field: st
             id_field: str, dimensions: int | None, encoding_format: str, concurrency: int,
             batch_size: int, priority: str, resume: bool, force: bool, api_key: str | None,
             max_retries: int, timeout_s: float, quiet: bool, batch: bool,
-            batch_file_bytes: int, batch_file_lines: int, completion_window: str,
+            batch_file_bytes: int, batch_rows: int, completion_window: str,
             poll_interval_s: float, cancel_on_interrupt: bool,
             keep_server_files: bool) -> int:  # fmt: skip
     """Embed every text of INPUT (.jsonl, .csv or .parquet) through URL's /embeddings and
@@ -108,7 +108,7 @@ def command(input_path: Path, output: Path, url: str, model: str, text_field: st
     job = Job(input_path, output, url, model, text_field, id_field, dimensions, encoding_format,
               concurrency, batch_size, resume, force, api_key, max_retries, timeout_s,
               priority=priority, show_progress=not quiet, batch=batch,
-              batch_file_bytes=batch_file_bytes, batch_file_lines=batch_file_lines,
+              batch_file_bytes=batch_file_bytes, batch_rows=batch_rows,
               completion_window=completion_window, poll_interval_s=poll_interval_s,
               cancel_on_interrupt=cancel_on_interrupt,
               keep_server_files=keep_server_files)  # fmt: skip

@@ -47,7 +47,7 @@ class Job:
     show_progress: bool = True
     batch: bool = False  # through the Batch API (batch_run), not live requests
     batch_file_bytes: int = 200 * 10**6
-    batch_file_lines: int = 50_000
+    batch_rows: int = 50_000
     completion_window: str = "24h"
     poll_interval_s: float = 5.0
     cancel_on_interrupt: bool = False

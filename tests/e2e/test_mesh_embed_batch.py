@@ -64,7 +64,7 @@ def test_batch_output_equals_the_direct_mode_s_for_the_same_file(
     assert done.returncode == 0, done.stderr
     before = len(batches_of(served))
     done = subprocess.run(mesh_embed(served, source, batched, "--batch", "--batch-size", "16",
-                                     "--batch-file-lines", "4", "--poll-interval", "0.5"),
+                                     "--batch-rows", "64", "--poll-interval", "0.5"),
                           stderr=subprocess.PIPE, text=True, timeout=240)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert len(batches_of(served)) - before == 3  # 150 rows, 64 a batch

@@ -48,7 +48,7 @@ def test_batch_output_equals_the_direct_mode_s_over_several_batches(
     direct, batched = tmp_path / f"direct{suffix}", tmp_path / f"batch{suffix}"
     assert subprocess.run(command(server, source, direct), timeout=120).returncode == 0
     done = subprocess.run(command(server, source, batched, "--batch", "--batch-size", "10",
-                                  "--batch-file-lines", "25"),
+                                  "--batch-rows", "250"),
                           stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert len(server.batches) == 3
@@ -69,7 +69,7 @@ def test_failed_lines_are_listed_with_their_ids_and_exit_4(
     texts = [f"BAD {i}" if i in (3, 250) else f"fine {i}" for i in range(300)]
     source, out = write_input(tmp_path / "in.jsonl", texts), tmp_path / "out.jsonl"
     done = subprocess.run(command(server, source, out, "--batch", "--batch-size", "1",
-                                  "--batch-file-lines", "200"),
+                                  "--batch-rows", "200"),
                           stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 4, done.stderr
     assert "2 rows failed" in done.stderr
@@ -104,7 +104,7 @@ def test_an_interrupted_run_reattaches_to_its_running_batches_with_resume(
     server.line_delay_s = 0.004  # 2.4 s of batch work
     texts = [f"row {i}" for i in range(ROWS)]
     source, out = write_input(tmp_path / "in.jsonl", texts), tmp_path / "out.npy"
-    argv = command(server, source, out, "--batch", "--batch-size", "1", "--batch-file-lines",
+    argv = command(server, source, out, "--batch", "--batch-size", "1", "--batch-rows",
                    "300")  # fmt: skip
     err = stop_mid_way(server, argv, signum)
     if signum == signal.SIGINT:
@@ -124,7 +124,7 @@ def test_cancel_on_interrupt_cancels_and_resume_submits_again(
     server.line_delay_s = 0.004
     texts = [f"row {i}" for i in range(ROWS)]
     source, out = write_input(tmp_path / "in.jsonl", texts), tmp_path / "out.jsonl"
-    argv = command(server, source, out, "--batch", "--batch-size", "1", "--batch-file-lines",
+    argv = command(server, source, out, "--batch", "--batch-size", "1", "--batch-rows",
                    "300")  # fmt: skip
     err = stop_mid_way(server, [*argv, "--cancel-on-interrupt"], signal.SIGINT)
     assert "cancelled" in err
@@ -162,7 +162,7 @@ def test_memory_stays_bounded_on_a_file_whose_vectors_would_not_fit(
     with source.open("wb") as f:
         f.writelines(orjson.dumps({"text": f"r{i}"}) + b"\n" for i in range(big))
     head = write_input(tmp_path / "small.jsonl", [f"r{i}" for i in range(small)])
-    common = ["--url", server.url, "--model", "fake", "--batch", "--batch-file-lines", "600",
+    common = ["--url", server.url, "--model", "fake", "--batch", "--batch-rows", "40000",
               "--poll-interval", "0.2", "--quiet"]  # fmt: skip
     baseline = peak_rss_mib([str(head), "-o", str(tmp_path / "small.npy"), *common])
     peak = peak_rss_mib([str(source), "-o", str(tmp_path / "big.npy"), *common])

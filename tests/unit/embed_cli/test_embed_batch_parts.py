@@ -26,7 +26,7 @@ def lines(path: Path) -> list[dict[str, object]]:
 def test_request_files_hold_one_request_a_row_keyed_by_row_number(tmp_path: Path) -> None:
     body = request_body("m", "base64", 8)
     rows = enumerate(["a", "b", "c", "d", "e"], 10)
-    files = list(write_request_files(rows, tmp_path, body, max_lines=2, first_index=3))
+    files = list(write_request_files(rows, tmp_path, body, max_rows=2, first_index=3))
     assert [(f.index, f.start, f.end) for f in files] == [(3, 10, 12), (4, 12, 14), (5, 14, 15)]
     first = lines(files[0].path)
     assert first[0] == {"custom_id": "10", "method": "POST", "url": "/v1/embeddings",
@@ -41,7 +41,7 @@ def test_request_files_hold_one_request_a_row_keyed_by_row_number(tmp_path: Path
 def test_rows_are_grouped_into_requests_of_batch_size_texts(tmp_path: Path) -> None:
     body = request_body("m", "float", None)
     rows = enumerate([f"t{i}" for i in range(7)])
-    files = list(write_request_files(rows, tmp_path, body, max_lines=2, texts_per_line=3))
+    files = list(write_request_files(rows, tmp_path, body, max_rows=6, texts_per_line=3))
     assert [(f.start, f.end) for f in files] == [(0, 6), (6, 7)]
     first, last = lines(files[0].path), lines(files[1].path)
     assert [line["custom_id"] for line in first + last] == ["0-3", "3-6", "6"]
