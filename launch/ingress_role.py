@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+import importlib.util
 import os
 import signal
 import socket
@@ -85,6 +86,11 @@ def jobs_config(ing: IngressArgs) -> JobsConfig:
     """The batch API's store and limits; its lease owner id is this host, port and slot (stable
     across restarts, so a restarted process frees its killed predecessor's leases at once)."""
     port = str(ing.http_port) if ing.http_port else f"pid{os.getpid()}"
+    if ing.state_url:
+        if not ing.state_url.startswith(("postgresql://", "postgres://")):
+            raise click.BadParameter("must be a postgresql://... URL", param_hint="--state-url")
+        if importlib.util.find_spec("psycopg") is None:
+            raise click.UsageError("--state-url needs psycopg: pip install 'embedmesh[postgres]'")
     return JobsConfig(
         state_dir=str(ing.state_dir or default_state_dir()),
         state_url=ing.state_url or None,

@@ -31,6 +31,10 @@ from mesh.jobs.store import DEFAULT_LEASE_S
 log = logging.getLogger("embedmesh.batches")
 
 CHUNK_LINES = 100  # input lines per chunk (lease and retry unit); 10..1000 is reasonable
+# A small batch is cut finer, into about this many chunks of at least MIN_CHUNK_LINES: its
+# work spreads over processes and its request_counts move while it runs.
+MIN_CHUNKS = 8
+MIN_CHUNK_LINES = 10
 CHUNKS_IN_FLIGHT = 2  # per process: one running, one ready behind it
 LINES_IN_FLIGHT = 8  # per chunk: requests on the mesh at once
 POLL_S = 0.5  # the loop's pause when there is nothing to claim
@@ -112,40 +116,36 @@ class BatchRunner:
         self.wake.set()
 
     async def _chunk(self, store: JobStore, lease: Lease) -> None:
-        lines = await self.jobs.run(store.read_chunk, lease)
-        work = asyncio.create_task(self._lines(lease, lines))
         current = lease
+        work: asyncio.Task[list[LineResult]] | None = None
         try:
-            while True:
-                done, _ = await asyncio.wait({work}, timeout=RENEW_S)
-                if done:
-                    break
+            lines = await self.jobs.run(store.read_chunk, lease)
+            work = asyncio.create_task(self._lines(lease, lines))
+            while not (await asyncio.wait({work}, timeout=RENEW_S))[0]:
                 current = await self.jobs.run(store.renew, current)
-                if current.cancel_requested:
+                if current.cancel_requested:  # cancelled, or past its window: stop here
                     work.cancel()
-                    with contextlib.suppress(LeaseLost):
-                        await self.jobs.run(store.release_chunk, current)
+                    await self.jobs.run(store.release_chunk, current)
                     return
-            results = work.result()
-            await self.jobs.run(store.complete_chunk, current, results)
+            await self.jobs.run(store.complete_chunk, current, work.result())
         except ChunkFailed as exc:
             log.warning("batch %s chunk %d failed: %s", lease.batch_id, lease.chunk_no, exc)
             with contextlib.suppress(LeaseLost):
                 await self.jobs.run(store.fail_chunk, current, str(exc))
         except LeaseLost:
-            work.cancel()
             log.info("batch %s chunk %d: lease lost", lease.batch_id, lease.chunk_no)
         except asyncio.CancelledError:
-            work.cancel()
             # Stopping: give the chunk back now rather than when its lease runs out.
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.jobs.run(store.release_chunk, current))
             raise
         except Exception:
-            work.cancel()
             log.exception("batch %s chunk %d", lease.batch_id, lease.chunk_no)
             with contextlib.suppress(Exception):
                 await self.jobs.run(store.fail_chunk, current, "the runner failed on it")
+        finally:
+            if work is not None:
+                work.cancel()  # a no-op once it is done
 
     async def _lines(self, lease: Lease, lines: list[bytes]) -> list[LineResult]:
         gate = asyncio.Semaphore(LINES_IN_FLIGHT)
@@ -168,6 +168,11 @@ class BatchRunner:
         await asyncio.gather(*self.chunks, return_exceptions=True)
 
 
+def chunk_lines(lines: int) -> int:
+    """Lines per chunk of a batch of ``lines``: CHUNK_LINES, fewer for a small batch."""
+    return max(MIN_CHUNK_LINES, min(CHUNK_LINES, -(-lines // MIN_CHUNKS)))
+
+
 def _sweep(store: JobStore) -> list[Batch]:
     """Expire and finalize what is due; each unfinished batch as it is after that."""
     store.expire()
@@ -184,6 +189,9 @@ def _validate(store: JobStore, batch: Batch) -> None:
             log.info("batch %s failed validation: %s", batch.id, errors[0].message)
             return
         chunks = store.plan_chunks(batch.input_file_id, CHUNK_LINES)
+        lines = chunks[-1].end_line if chunks else 0
+        if chunk_lines(lines) < CHUNK_LINES:  # a small file: a second pass is cheap
+            chunks = store.plan_chunks(batch.input_file_id, chunk_lines(lines))
         store.start_batch(batch.id, chunks, tokens_total=tokens)
     except Exception as exc:  # cancelled meanwhile, or another validator won: theirs now
         log.info("batch %s: not started: %s", batch.id, exc)

@@ -11,6 +11,7 @@ import pytest
 from launch.ingress_role import duration_s, jobs_config
 from launch.options import IngressArgs
 from mesh.ingress.batch_lines import MAX_ERRORS, estimate_tokens, validate
+from mesh.ingress.batch_runner import CHUNK_LINES, MIN_CHUNK_LINES, chunk_lines
 
 
 def line(custom_id: str = "a", url: str = "/v1/embeddings", **extra: object) -> bytes:
@@ -74,3 +75,15 @@ def test_the_lease_owner_is_host_port_and_slot_stable_across_restarts() -> None:
     assert jobs_config(IngressArgs(http_port=8000, ingress_slot=3)).owner == first.owner
     assert jobs_config(IngressArgs(http_port=8000)).owner.endswith(":8000:0")
     assert first.retention_s == 30 * 86400 and first.max_file_bytes == 200 << 20
+
+
+def test_a_state_url_that_is_not_postgresql_is_refused_at_start() -> None:
+    with pytest.raises(click.BadParameter, match="postgresql://"):
+        jobs_config(IngressArgs(state_url="mysql://db/x"))
+    assert jobs_config(IngressArgs(state_url="postgresql://db/x")).state_url == "postgresql://db/x"
+
+
+def test_a_small_batch_is_cut_into_smaller_chunks_a_large_one_into_full_ones() -> None:
+    assert chunk_lines(3) == MIN_CHUNK_LINES
+    assert chunk_lines(300) == 38  # 8 chunks
+    assert chunk_lines(100_000) == CHUNK_LINES

@@ -167,3 +167,19 @@ async def test_batch_lines_go_to_the_batch_lane_where_the_same_request_live_woul
         assert fake.lanes == [Lane.INTERACTIVE, Lane.BATCH, Lane.BATCH]
     finally:
         await client.close()
+
+
+async def test_an_upload_streams_past_the_request_body_limit_up_to_the_file_limit(
+    tmp_path: Path,
+) -> None:
+    # --max-body-bytes bounds the JSON bodies held in memory; a file streams to disk instead.
+    jobs = JobsConfig(str(tmp_path / "state"), owner="t:0:0", max_file_bytes=1 << 20)
+    client = await serve(FakeClient(), jobs=jobs, max_body_bytes=65536)
+    try:
+        data = b'{"custom_id": "x"}\n' * 20_000  # 380 kB
+        made = await client.post("/v1/files", data=form(data))
+        assert made.status == 200 and (await made.json())["bytes"] == len(data)
+        content = await client.get(f"/v1/files/{(await made.json())['id']}/content")
+        assert await content.read() == data
+    finally:
+        await client.close()
