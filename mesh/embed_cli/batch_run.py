@@ -49,7 +49,8 @@ class Part:
     file_id: str | None = None
     batch_id: str | None = None
     status: str = "uploading"
-    done: int = 0  # request_counts.completed + failed
+    per_line: int = 1  # rows a request line carries (the last line may carry fewer)
+    done: int = 0  # rows answered: request_counts.completed + failed, in rows
     tokens: int = 0
     collected: bool = False  # its results are in the scratch file
 
@@ -153,13 +154,14 @@ class BatchRunner:
         first = self.parts[-1].end if self.parts else 0
         texts = (text for _, text in self.source.rows(first))
         body = request_body(self.job.model, self.job.encoding_format, self.job.dimensions)
+        per_line = min(self.job.batch_size, self.job.batch_rows)
         files = write_request_files(enumerate(texts, first), self.dir, body,
                                     max_bytes=self.job.batch_file_bytes,
                                     max_rows=self.job.batch_rows,
                                     first_index=len(self.parts),
-                                    texts_per_line=min(self.job.batch_size, self.job.batch_rows))  # fmt: skip
+                                    texts_per_line=per_line)  # fmt: skip
         for request_file in files:
-            part = Part(request_file.index, request_file.start, request_file.end)
+            part = Part(request_file.index, request_file.start, request_file.end, per_line=per_line)
             self.parts.append(part)
             part.file_id = await api.upload(request_file.path)
             self.save()
@@ -190,7 +192,8 @@ class BatchRunner:
         batch = await api.retrieve(part.batch_id)
         counts = batch.get("request_counts") or {}
         part.status = str(batch.get("status"))
-        part.done = int(counts.get("completed") or 0) + int(counts.get("failed") or 0)
+        lines = int(counts.get("completed") or 0) + int(counts.get("failed") or 0)
+        part.done = min(part.end - part.start, lines * part.per_line)
         self._tokens_seen += max(0, int(batch.get("tokens_done") or 0) - part.tokens)
         part.tokens = max(part.tokens, int(batch.get("tokens_done") or 0))
         # embedmesh's extra fields (other servers send neither): the server's own view.

@@ -13,7 +13,9 @@ import pytest
 
 from mesh.embed_cli.batch_requests import custom_id, request_body, rows_of, write_request_files
 from mesh.embed_cli.batch_results import Ingest, Scratch, emit_span, failure_of, failures_by_row
+from mesh.embed_cli.batch_run import BatchRunner, Part, prepare_batch
 from mesh.embed_cli.errors import InputError, ServerRefused
+from mesh.embed_cli.pipeline import Job
 from mesh.embed_cli.sinks import JsonlSink, NpySink
 
 DIMS = 4
@@ -176,3 +178,28 @@ def test_emitting_keeps_failed_rows_as_nan_in_npy_and_leaves_them_out_elsewhere(
     assert np.isnan(matrix[[1, 2]]).all()
     assert np.array_equal(matrix[[0, 3]], np.stack([vector(0), vector(3)]))
     assert [d["id"] for d in lines(tmp_path / "o.jsonl")] == ["a", "d"]
+
+
+class CountsApi:
+    """A server whose batch has answered ``lines`` request lines so far."""
+
+    def __init__(self, lines: int) -> None:
+        self.lines = lines
+
+    async def retrieve(self, batch_id: str) -> dict[str, object]:
+        counts = {"total": 3, "completed": self.lines, "failed": 0}
+        return {"id": batch_id, "status": "in_progress", "request_counts": counts,
+                "tokens_per_second": 100.0, "eta_seconds": 2.0}  # fmt: skip
+
+
+async def test_the_bar_counts_rows_from_request_counts_of_lines(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(orjson.dumps({"text": f"t{i}"}) + b"\n" for i in range(10)))
+    job = Job(source, tmp_path / "out.npy", "http://127.0.0.1:9/v1", "m", batch=True,
+              show_progress=False)  # fmt: skip
+    runner = BatchRunner(job, *prepare_batch(job))
+    part = Part(0, 0, 10, batch_id="b", per_line=4)  # lines of 4, 4 and 2 rows
+    for lines, rows in ((0, 0), (2, 8), (3, 10)):
+        await runner._poll(CountsApi(lines), part)  # type: ignore[arg-type]
+        assert part.done == rows
+    assert not part.collected
