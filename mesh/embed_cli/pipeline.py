@@ -104,6 +104,7 @@ def prepare(job: Job) -> tuple[Source, Sink, progress.Progress]:
     if found:
         sink.discard()
         remove_tree(job.out.with_name(job.out.name + ".batch"))
+        job.out.with_name(job.out.name + ".errors.jsonl").unlink(missing_ok=True)  # --batch's
         marker.unlink(missing_ok=True)
     record = progress.Progress(job.identity())
     progress.save(marker, record)
