@@ -10,7 +10,8 @@ chunks, so neither holds a file in memory; and no second HTTP stack to import.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +63,15 @@ class BatchApi:
     async def upload(self, path: Path) -> str:
         """``POST /files`` (purpose ``batch``), the file streamed from disk: its id."""
 
-        def form() -> aiohttp.FormData:
-            data = aiohttp.FormData()
-            data.add_field("purpose", "batch")
-            data.add_field("file", path.open("rb"), filename=path.name,
-                           content_type="application/jsonl")  # fmt: skip
-            return data
+        @contextlib.contextmanager
+        def form() -> Iterator[aiohttp.FormData]:
+            with path.open("rb") as f:  # opened again by each try, closed after it
+                data = aiohttp.FormData()
+                data.add_field("purpose", "batch")
+                data.add_field("file", f, filename=path.name, content_type="application/jsonl")
+                yield data
 
-        doc = await self._json("POST", "/files", data=form)
+        doc = await self._json("POST", "/files", form=form)
         return str(doc["id"])
 
     async def create(self, input_file_id: str, window: str, metadata: dict[str, str]) -> dict[str, Any]:  # fmt: skip
@@ -117,16 +119,18 @@ class BatchApi:
             raise Retry(message, None if wait is None else min(wait, MAX_RETRY_AFTER_S))
         raise ServerRefused(f"{resp.method} {resp.url}: {message}")
 
-    async def _json(self, method: str, path: str, *, data: Callable[[], Any] | None = None,
+    async def _json(self, method: str, path: str, *,
+                    form: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
                     json: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
         async def attempt() -> dict[str, Any]:
-            kwargs: dict[str, Any] = {"data": data()} if data is not None else {}
-            if json is not None:
-                kwargs = {"data": orjson.dumps(json),
-                          "headers": {"Content-Type": "application/json"}}  # fmt: skip
-            async with self._send(method, path, **kwargs) as resp:
-                await self._check(resp)
-                raw = await resp.read()
+            with form() if form is not None else contextlib.nullcontext() as data:
+                kwargs: dict[str, Any] = {"data": data} if data is not None else {}
+                if json is not None:
+                    kwargs = {"data": orjson.dumps(json),
+                              "headers": {"Content-Type": "application/json"}}  # fmt: skip
+                async with self._send(method, path, **kwargs) as resp:
+                    await self._check(resp)
+                    raw = await resp.read()
             try:
                 doc = orjson.loads(raw) if raw else {}
             except orjson.JSONDecodeError:

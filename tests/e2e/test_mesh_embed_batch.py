@@ -84,7 +84,9 @@ def test_a_row_the_server_refuses_is_listed_with_its_id_and_exits_4(
                                      "--poll-interval", "0.5"),
                           stderr=subprocess.PIPE, text=True, timeout=240)  # fmt: skip
     assert done.returncode == 4, done.stderr
-    errors = [orjson.loads(line) for line in (tmp_path / "out.npy.errors.jsonl").open("rb")]
+    errors = [
+        orjson.loads(x) for x in (tmp_path / "out.npy.errors.jsonl").read_bytes().splitlines()
+    ]
     assert [(e["row"], e["id"]) for e in errors] == [(20, "doc-20")]
     assert errors[0]["error"]
     vectors = np.load(out)

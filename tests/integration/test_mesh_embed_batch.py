@@ -74,7 +74,9 @@ def test_failed_lines_are_listed_with_their_ids_and_exit_4(
     assert done.returncode == 4, done.stderr
     assert "2 rows failed" in done.stderr
     assert "row 4 (id 'doc-3'): " in done.stderr and "row 251 (id 'doc-250'): " in done.stderr
-    errors = [orjson.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").open("rb")]
+    errors = [
+        orjson.loads(x) for x in (tmp_path / "out.jsonl.errors.jsonl").read_bytes().splitlines()
+    ]
     assert [(e["row"], e["id"]) for e in errors] == [(3, "doc-3"), (250, "doc-250")]
     assert "refused" in errors[0]["error"]
     ids, vectors = read_output(out)
