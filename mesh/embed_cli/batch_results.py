@@ -42,6 +42,11 @@ class Scratch:
         os.pwrite(self._present, b"\x01", row)
         return True
 
+    def forget(self, start: int, end: int) -> None:
+        """Unmarks rows ``start`` .. ``end``: a batch collected again (after a crash mid-way)
+        rewrites them, rather than trusting marks whose vectors may not have reached the disk."""
+        os.pwrite(self._present, bytes(end - start), start)
+
     def sync(self) -> None:
         os.fsync(self._vectors)
         os.fsync(self._present)

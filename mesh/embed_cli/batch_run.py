@@ -208,6 +208,8 @@ class BatchRunner:
 
     async def _download_and_ingest(self, api: BatchApi, part: Part, batch: dict[str, Any]) -> None:
         failures = self.dir / f"failures-{part.index:05d}.jsonl"
+        if self._scratch is not None:
+            self._scratch.forget(part.start, part.end)
         with failures.open("wb") as failed:
             ingest = Ingest(self.scratch, (part.start, part.end), failed)
             for key in ("output_file_id", "error_file_id"):

@@ -203,3 +203,14 @@ async def test_the_bar_counts_rows_from_request_counts_of_lines(tmp_path: Path) 
         await runner._poll(CountsApi(lines), part)  # type: ignore[arg-type]
         assert part.done == rows
     assert not part.collected
+
+
+def test_a_batch_collected_again_rewrites_its_rows(tmp_path: Path) -> None:
+    _, scratch, _ = ingest_into(tmp_path, [success(0, vector(7)), success(1, vector(1))], (0, 2))
+    scratch.forget(0, 1)
+    failed = io.BytesIO()
+    again = Ingest(lambda dims: scratch, (0, 2), failed)
+    again.file(write_lines(tmp_path / "again.jsonl", [success(0, vector(0))]))
+    vectors, arrived = scratch.read(0, 2)
+    assert arrived.all() and again.duplicates == 0
+    assert np.array_equal(vectors, np.stack([vector(0), vector(1)]))
