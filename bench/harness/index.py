@@ -159,7 +159,22 @@ def measure(o: dict[str, Any], url: str, work: Path) -> dict[str, Any]:
         result["live"] = probe.summary()
         report["ways"][way] = result
         print(_line(way, result), file=sys.stderr)
+    report["summary"] = summary(report)
     return report
+
+
+def summary(report: dict[str, Any]) -> dict[str, Any]:
+    """Each way's tokens/s over the direct mode's, and live p50/p99 idle and during each way."""
+    ways = report["ways"]
+    base = ways.get("direct", {}).get("tokens_per_s")
+    out: dict[str, Any] = {
+        "live_ms": {"idle": [report["live_idle"]["p50_ms"], report["live_idle"]["p99_ms"]]}
+    }
+    for way, r in ways.items():
+        out["live_ms"][way] = [r["live"]["p50_ms"], r["live"]["p99_ms"]]
+        if base and way != "direct":
+            out[f"{way}_over_direct"] = round(r["tokens_per_s"] / base, 3)
+    return out
 
 
 def _line(way: str, r: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 from click.testing import CliRunner
 
-from bench.harness.index import SUMMARY, main, write_corpus
+from bench.harness.index import SUMMARY, main, summary, write_corpus
 from mesh.embed_cli.cli import _summary_line
 from mesh.embed_cli.pipeline import Summary
 
@@ -33,3 +33,14 @@ def test_an_unknown_way_is_refused_before_anything_starts() -> None:
     result = CliRunner().invoke(main, ["--ways", "direct,carrier-pigeon"])
     assert result.exit_code == 2
     assert "carrier-pigeon" in result.output
+
+
+def test_the_summary_sets_each_way_against_direct_and_live_against_idle() -> None:
+    live = {"p50_ms": 10.0, "p99_ms": 30.0}
+    report = {"live_idle": {"p50_ms": 5.0, "p99_ms": 9.0},
+              "ways": {"direct": {"tokens_per_s": 1000.0, "live": live},
+                       "batch": {"tokens_per_s": 1200.0, "live": live}}}  # fmt: skip
+    assert summary(report) == {
+        "live_ms": {"idle": [5.0, 9.0], "direct": [10.0, 30.0], "batch": [10.0, 30.0]},
+        "batch_over_direct": 1.2,
+    }
