@@ -76,9 +76,9 @@ class LiveProbe:
         self._thread.join(30)
 
     def summary(self) -> dict[str, Any]:
-        xs = self.latencies_ms
-        return {"queries": len(xs), "failures": self.failures,
-                "p50_ms": round(percentile(xs, 50), 2), "p99_ms": round(percentile(xs, 99), 2)}  # fmt: skip
+        xs = self.latencies_ms  # no answered query: null percentiles (JSON has no NaN)
+        p50, p99 = (round(percentile(xs, q), 2) if xs else None for q in (50, 99))
+        return {"queries": len(xs), "failures": self.failures, "p50_ms": p50, "p99_ms": p99}
 
 
 def write_corpus(path: Path, texts: list[str], copies: int) -> int:
