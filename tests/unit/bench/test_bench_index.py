@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 from click.testing import CliRunner
 
-from bench.harness.index import SUMMARY, main, summary, write_corpus
+from bench.harness.index import SUMMARY, LiveProbe, main, summary, write_corpus
 from mesh.embed_cli.cli import _summary_line
 from mesh.embed_cli.pipeline import Summary
 
@@ -44,3 +44,10 @@ def test_the_summary_sets_each_way_against_direct_and_live_against_idle() -> Non
         "live_ms": {"idle": [5.0, 9.0], "direct": [10.0, 30.0], "batch": [10.0, 30.0]},
         "batch_over_direct": 1.2,
     }
+
+
+def test_live_percentiles_are_null_without_an_answered_query() -> None:
+    probe = LiveProbe("http://127.0.0.1:9/v1", "m", ["q"], 4.0)
+    assert probe.summary() == {"queries": 0, "failures": 0, "p50_ms": None, "p99_ms": None}
+    probe.latencies_ms = [10.0, 20.0, 30.0]
+    assert probe.summary()["p50_ms"] == 20.0
