@@ -59,6 +59,12 @@ HARNESSES: dict[str, tuple[str, str, str]] = {
         "A mesh across hosts from a topology file (namespaces, ssh): load from every load "
         "host, per-role figures from /metrics.",
     ),
+    "index": (
+        "bench.harness.index",
+        "main",
+        "Index the corpus xN: mesh-embed direct, --batch and an openai-client loop; live "
+        "query p50/p99 meanwhile.",
+    ),
     "plots": ("bench.plots", "main", "Draw a saved mesh-bench http report's PNG plots again."),
 }
 GPU_PROOF = Path(__file__).resolve().parent / "harness" / "gpu_proof.sh"

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import csv
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -95,11 +97,14 @@ class FakeServer:
         error = {"error": {"message": message, "type": "error", "code": status}}
         return web.json_response(error, status=status, headers=headers)
 
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/embeddings", self._embeddings)
+
     def serve(self) -> Iterator[FakeServer]:
         """Serves in a thread until the generator is closed (a fixture's body)."""
         loop = asyncio.new_event_loop()
         app = web.Application(client_max_size=64 * 2**20)
-        app.router.add_post("/v1/embeddings", self._embeddings)
+        self.routes(app)
         runner = web.AppRunner(app)
 
         async def start() -> None:
@@ -147,3 +152,14 @@ def read_output(path: Path) -> tuple[list[Any] | None, np.ndarray]:
         return [d["id"] for d in docs], np.array([d["embedding"] for d in docs], np.float32)
     table = pq.read_table(path)
     return table["id"].to_pylist(), np.array(table["embedding"].to_pylist(), np.float32)
+
+
+def peak_rss_mib(argv: list[str]) -> float:
+    """mesh-embed's peak resident memory over a run, as the process itself measured it."""
+    probe = ("import resource, sys\nfrom mesh.embed_cli.cli import main\ntry:\n    main()\n"
+             "finally:\n    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+             "    print(f'peak_rss_kib {peak}', file=sys.stderr)\n")  # fmt: skip
+    done = subprocess.run([*mesh_embed_command()[:1], "-c", probe, *argv], stderr=subprocess.PIPE,
+                          text=True, timeout=240, env={**os.environ})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return int(done.stderr.strip().splitlines()[-1].split()[1]) / 1024

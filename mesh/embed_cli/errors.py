@@ -12,6 +12,7 @@ class ExitCode(IntEnum):
     USAGE = 1  # a wrong option, an unreadable or malformed input, an output in the way
     REFUSED = 2  # the server refused a request (a 4xx other than 408, 409 and 429)
     UNAVAILABLE = 3  # the server stayed unavailable (429, 5xx, no connection) after retries
+    PARTIAL = 4  # --batch: the output is written, but some rows failed (OUT.errors.jsonl)
     INTERRUPTED = 130  # SIGINT or SIGTERM: the progress made is saved for --resume
 
 

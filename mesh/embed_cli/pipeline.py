@@ -18,7 +18,7 @@ from tqdm import tqdm
 from mesh.embed_cli import progress
 from mesh.embed_cli.client import Embedded, EmbeddingsClient
 from mesh.embed_cli.errors import InputError
-from mesh.embed_cli.sinks import Sink, open_sink
+from mesh.embed_cli.sinks import Sink, open_sink, remove_tree
 from mesh.embed_cli.sources import Row, Source, open_source
 
 CHECKPOINT_S = 1.0  # how often the durable prefix is recorded (an fsync of the output each)
@@ -45,12 +45,20 @@ class Job:
     timeout_s: float = 600
     priority: str = "batch"
     show_progress: bool = True
+    batch: bool = False  # through the Batch API (batch_run), not live requests
+    batch_file_bytes: int = 200 * 10**6
+    batch_rows: int = 50_000
+    completion_window: str = "24h"
+    poll_interval_s: float = 5.0
+    cancel_on_interrupt: bool = False
+    keep_server_files: bool = False
 
     def identity(self) -> dict[str, Any]:
         """What a resumed run must share with the run it continues."""
+        batch = {"mode": "batch", "encoding_format": self.encoding_format} if self.batch else {}
         return progress.job_of(self.source, out=str(self.out.resolve()), model=self.model,
                                text_field=self.text_field, id_field=self.id_field,
-                               dimensions=self.dimensions)  # fmt: skip
+                               dimensions=self.dimensions, **batch)  # fmt: skip
 
 
 @dataclass
@@ -59,6 +67,7 @@ class Summary:
     skipped: int  # already written by the run it resumed
     tokens: int
     seconds: float
+    failed: int = 0  # rows without a vector (--batch: a line the server failed)
 
 
 def batched(rows: Iterable[Row], size: int) -> Iterator[tuple[list[Any], list[str]]]:
@@ -67,27 +76,35 @@ def batched(rows: Iterable[Row], size: int) -> Iterator[tuple[list[Any], list[st
         yield [r[0] for r in chunk], [r[1] for r in chunk]
 
 
+def leftovers(job: Job) -> tuple[bool, bool]:
+    """(an earlier run left files, this run continues it): refuses what the options do not
+    settle (files in the way without --resume or --force, a complete output)."""
+    marker = progress.progress_path(job.out)
+    found = [p for p in (job.out, marker, job.out.with_name(job.out.name + ".parts"),
+                         job.out.with_name(job.out.name + ".batch")) if p.exists()]  # fmt: skip
+    if found and not job.force and not job.resume:
+        raise InputError(f"{found[0]} exists: --resume continues an interrupted run, --force "
+                         "starts over")  # fmt: skip
+    if found and not job.force and not marker.exists():
+        raise InputError(f"{job.out} exists and has no {marker.name}: it is complete "
+                         "(--force starts over)")  # fmt: skip
+    return bool(found), bool(found) and not job.force
+
+
 def prepare(job: Job) -> tuple[Source, Sink, progress.Progress]:
     """The source, the sink positioned where this run starts, and its progress record."""
     source = open_source(job.source, job.text_field, job.id_field)
     marker = progress.progress_path(job.out)
-    parts = job.out.with_name(job.out.name + ".parts")
-    leftovers = job.out.exists() or marker.exists() or parts.exists()
-    if leftovers and not job.force and not job.resume:
-        found = job.out if job.out.exists() else marker if marker.exists() else parts
-        raise InputError(f"{found} exists: --resume continues an interrupted run, --force "
-                         "starts over")  # fmt: skip
-    if leftovers and not job.force and not marker.exists():
-        raise InputError(f"{job.out} exists and has no {marker.name}: it is complete "
-                         "(--force starts over)")  # fmt: skip
-    resuming = leftovers and not job.force
+    found, resuming = leftovers(job)
     saved = progress.load(marker, job.identity()) if resuming else None
     sink = open_sink(job.out, total=source.count())
     if saved is not None:
         sink.resume(saved.rows, saved.sink)
         return source, sink, saved
-    if leftovers:
+    if found:
         sink.discard()
+        remove_tree(job.out.with_name(job.out.name + ".batch"))
+        job.out.with_name(job.out.name + ".errors.jsonl").unlink(missing_ok=True)  # --batch's
         marker.unlink(missing_ok=True)
     record = progress.Progress(job.identity())
     progress.save(marker, record)
@@ -105,6 +122,9 @@ class Runner:
         self.bar = tqdm(total=sink.total, initial=record.rows, unit="text", file=sys.stderr,
                         disable=not job.show_progress, dynamic_ncols=True,
                         mininterval=0.5)  # fmt: skip
+
+    def resume_hint(self) -> str:
+        return f"interrupted; rerun with --resume to finish {self.job.out}"
 
     def checkpoint(self, seal: bool = False) -> None:
         self.record.rows, self.record.sink = self.sink.sync(seal)

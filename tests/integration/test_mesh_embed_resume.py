@@ -5,7 +5,6 @@ memory stays bounded on a file far larger than its vectors could be held at once
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -21,6 +20,7 @@ from tests.fake_embeddings import (
     FakeServer,
     fake_vectors,
     mesh_embed_command,
+    peak_rss_mib,
     read_output,
     write_input,
 )
@@ -78,17 +78,6 @@ def test_a_run_stopped_mid_way_finishes_with_resume_equal_to_an_uninterrupted_on
     assert np.array_equal(vectors, fake_vectors(texts))
     assert ids in (None, [f"doc-{i}" for i in range(ROWS)])
     assert not marker.exists()
-
-
-def peak_rss_mib(argv: list[str]) -> float:
-    """mesh-embed's peak resident memory over a run, as the process itself measured it."""
-    probe = ("import resource, sys\nfrom mesh.embed_cli.cli import main\ntry:\n    main()\n"
-             "finally:\n    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-             "    print(f'peak_rss_kib {peak}', file=sys.stderr)\n")  # fmt: skip
-    done = subprocess.run([*mesh_embed_command()[:1], "-c", probe, *argv], stderr=subprocess.PIPE,
-                          text=True, timeout=240, env={**os.environ})  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return int(done.stderr.strip().splitlines()[-1].split()[1]) / 1024
 
 
 def test_memory_stays_bounded_on_a_file_whose_vectors_would_not_fit(
