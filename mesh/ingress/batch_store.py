@@ -28,6 +28,10 @@ T = TypeVar("T")
 # Threads running store calls: the store serializes its transactions on one connection, so a
 # second thread only lets a blob read or write overlap a transaction; 2..4 is reasonable.
 STORE_THREADS = 3
+# Threads writing uploads: each waits on its client's network for the whole upload, so uploads
+# get threads of their own, or a few slow ones would stall every store call of the process
+# (the runner's lease renewals among them); past this many, an upload waits its turn. 4..32.
+UPLOAD_THREADS = 8
 
 
 class Jobs:
@@ -38,6 +42,7 @@ class Jobs:
         self._store: JobStore | None = None
         self.progress = BatchProgress()  # /metrics' gauges, refreshed by the runner
         self._pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="embedmesh-jobs")
+        self._uploads = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="embedmesh-upload")
         self._opening = asyncio.Lock()
 
     def exists(self) -> bool:
@@ -60,6 +65,10 @@ class Jobs:
         """``fn(*args)`` on the store's threads."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
+    async def upload(self, fn: Callable[[], T]) -> T:
+        """``fn()``, a store call that reads an upload from the network, on the upload threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._uploads, fn)
+
     async def call(self, fn: Callable[[JobStore], T], *, create: bool = False) -> T:
         """``fn(store)`` on the store's threads, the store's errors as HTTP errors. Only a
         call that ``create``s makes a store that is not there yet; the others answer 404."""
@@ -80,6 +89,7 @@ class Jobs:
             await self.run(self._store.close)
             self._store = None
         self._pool.shutdown(wait=False)
+        self._uploads.shutdown(wait=False)
 
 
 JOBS = web.AppKey("embedmesh_jobs", Jobs)

@@ -2,8 +2,8 @@
 ``GET /v1/files``, ``GET /v1/files/{file_id}``, ``GET /v1/files/{file_id}/content`` and
 ``DELETE /v1/files/{file_id}``.
 
-An upload streams from the socket to the store's blob in 1 MiB blocks (the store writes on its
-thread, pulling each block from the event loop), so a 200 MB file never sits in memory; the
+An upload streams from the socket to the store's blob in 1 MiB blocks (the store writes on an
+upload thread, pulling each block from the event loop), so a 200 MB file never sits in memory; the
 content of a file (an output file may be GBs) streams back the same way.
 """
 
@@ -91,7 +91,7 @@ async def _store_part(jobs: Jobs, part: BodyPartReader, filename: str):  # noqa:
     stream: BinaryIO = _PartStream(part, asyncio.get_running_loop())  # type: ignore[assignment]
     store = await jobs.store()
     try:
-        return await jobs.run(
+        return await jobs.upload(
             lambda: store.create_file(
                 stream, filename=filename, purpose=FilePurpose.BATCH, max_bytes=limit
             )
