@@ -14,7 +14,14 @@ from typing import BinaryIO
 
 from aiohttp import BodyPartReader, web
 
-from mesh.ingress.batch_store import Jobs, invalid, jobs_of, page_args
+from mesh.ingress.batch_store import (
+    Jobs,
+    invalid,
+    jobs_of,
+    page_args,
+    store_unavailable,
+    unreachable,
+)
 from mesh.ingress.http_errors import ApiError
 from mesh.ingress.state import json_response
 from mesh.jobs import FilePurpose, Page, TooLarge
@@ -89,8 +96,8 @@ async def _store_part(jobs: Jobs, part: BodyPartReader, filename: str):  # noqa:
             raise _storage_full(cfg.max_state_bytes)
         limit = min(limit, room)
     stream: BinaryIO = _PartStream(part, asyncio.get_running_loop())  # type: ignore[assignment]
-    store = await jobs.store()
     try:
+        store = await jobs.store()
         return await jobs.upload(
             lambda: store.create_file(
                 stream, filename=filename, purpose=FilePurpose.BATCH, max_bytes=limit
@@ -103,6 +110,10 @@ async def _store_part(jobs: Jobs, part: BodyPartReader, filename: str):  # noqa:
             f"the file is over the limit of {cfg.max_file_bytes} bytes (--max-batch-file-bytes)",
             "file",
         ) from None
+    except Exception as exc:
+        if unreachable(exc):
+            raise store_unavailable(exc) from None
+        raise
 
 
 def _storage_full(limit: int) -> ApiError:

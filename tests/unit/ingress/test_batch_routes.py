@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from aiohttp.test_utils import TestClient
 from mesh.client import EmbedResult, ValidRequest
 from mesh.ingress.batch_store import STORE_THREADS
 from mesh.ingress.config import JobsConfig
+from mesh.jobs.sqlite import SqliteJobStore
 from proto_msgs import Lane
 from tests.unit.ingress.test_ingress_app import FakeClient, serve
 
@@ -214,3 +216,21 @@ async def test_uploads_that_stall_leave_the_store_to_everything_else(
         go.set()
         for resp in await asyncio.gather(*uploads):
             resp.release()
+
+
+async def test_a_store_that_cannot_be_reached_answers_503_to_retry_not_500(
+    jobs_http: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert (await jobs_http.post("/v1/files", data=form(jsonl("a")))).status == 200
+
+    def locked(*_: object, **__: object) -> None:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(SqliteJobStore, "list_batches", locked)
+    resp = await jobs_http.get("/v1/batches")
+    assert resp.status == 503
+    error = (await resp.json())["error"]
+    assert error["code"] == "unavailable" and "retry" in error["message"]
+    monkeypatch.setattr(SqliteJobStore, "create_file", locked)
+    resp = await jobs_http.post("/v1/files", data=form(jsonl("b")))
+    assert resp.status == 503 and (await resp.json())["error"]["code"] == "unavailable"
