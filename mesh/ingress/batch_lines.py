@@ -6,7 +6,8 @@ is not a JSON object, lacks a ``custom_id``, repeats one, or names another metho
 than the batch's endpoint. A line whose ``body`` is wrong is not a validation failure: it is
 answered as the same request to ``/v1/embeddings`` would be (a 4xx) in the error file, and
 the batch goes on. A failure of the mesh (429, 502, 503, 504) is no answer about the line: it
-is retried, and past the retries it fails the chunk (the store runs it again later).
+is retried, and past the retries it fails the chunk (the store runs it again later); except
+a 502 ``worker_failed``, the workers' repeated deaths on this very line: that is its answer.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from proto_msgs import ErrorCode, Lane
 MAX_ERRORS = 20  # validation errors reported at most; the first ones, in line order
 CHARS_PER_TOKEN = 4  # the token estimate of a text before it is tokenized (English BPE ~4)
 RETRY_STATUSES = frozenset({429, 502, 503, 504})  # the mesh's failures, not the line's
+# ... but for this one: the broker already gave the line its attempts, each one a worker lost
+# on it (a poison input), and every try more would cost that many workers again.
+LINE_FAULT = "worker_failed"
 LINE_RETRIES = 6  # tries of a line the mesh fails, backing off 1, 2, 4, 8, 8 s between
 
 
@@ -104,7 +108,7 @@ async def run_line(state: IngressState, line_no: int, raw: bytes) -> LineResult:
         try:
             body, tokens = await _embed(state, doc.get("body"))
         except ApiError as err:
-            if err.status not in RETRY_STATUSES:
+            if err.status not in RETRY_STATUSES or err.code == LINE_FAULT:
                 return _line(line_no, custom_id, request_id, err.status, error_body(err), ok=False)
             failure = err
         else:

@@ -39,8 +39,8 @@ CHUNKS_IN_FLIGHT = 2  # per process: one running, one ready behind it
 LINES_IN_FLIGHT = 8  # per chunk: requests on the mesh at once
 POLL_S = 0.5  # the loop's pause when there is nothing to claim
 SWEEP_S = 5.0  # expire and finalize this often (a cancel with no chunk to commit ends here)
-PURGE_S = 600.0
-RETRY_S = 5.0  # the pause after the store failed a step  # delete the files whose retention passed this often
+PURGE_S = 600.0  # delete the files whose retention passed this often
+RETRY_S = 5.0  # the pause after the store failed a step
 RENEW_S = DEFAULT_LEASE_S / 3
 
 

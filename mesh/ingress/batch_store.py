@@ -10,6 +10,9 @@ database exists; with PostgreSQL it opens the store at start.
 from __future__ import annotations
 
 import asyncio
+import logging
+import sqlite3
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,9 +28,15 @@ from mesh.jobs.sqlite import DB_NAME
 
 T = TypeVar("T")
 
+log = logging.getLogger("embedmesh.batches")
+
 # Threads running store calls: the store serializes its transactions on one connection, so a
 # second thread only lets a blob read or write overlap a transaction; 2..4 is reasonable.
 STORE_THREADS = 3
+# Threads writing uploads: each waits on its client's network for the whole upload, so uploads
+# get threads of their own, or a few slow ones would stall every store call of the process
+# (the runner's lease renewals among them); past this many, an upload waits its turn. 4..32.
+UPLOAD_THREADS = 8
 
 
 class Jobs:
@@ -38,6 +47,7 @@ class Jobs:
         self._store: JobStore | None = None
         self.progress = BatchProgress()  # /metrics' gauges, refreshed by the runner
         self._pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="embedmesh-jobs")
+        self._uploads = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="embedmesh-upload")
         self._opening = asyncio.Lock()
 
     def exists(self) -> bool:
@@ -60,26 +70,53 @@ class Jobs:
         """``fn(*args)`` on the store's threads."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
+    async def upload(self, fn: Callable[[], T]) -> T:
+        """``fn()``, a store call that reads an upload from the network, on the upload threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._uploads, fn)
+
     async def call(self, fn: Callable[[JobStore], T], *, create: bool = False) -> T:
         """``fn(store)`` on the store's threads, the store's errors as HTTP errors. Only a
         call that ``create``s makes a store that is not there yet; the others answer 404."""
         if not create and not self.exists():
             raise ApiError(404, "no such object: nothing is stored yet", code="not_found")
-        store = await self.store()
         try:
-            return await self.run(fn, store)
+            return await self.run(fn, await self.store())
         except NotFound as exc:
             raise ApiError(404, str(exc), code="not_found") from None
         except Conflict as exc:
             raise ApiError(409, str(exc), code="conflict") from None
         except TooLarge as exc:
             raise ApiError.too_large(str(exc), "file") from None
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            raise store_unavailable(exc) from None
 
     async def close(self) -> None:
         if self._store is not None:
             await self.run(self._store.close)
             self._store = None
         self._pool.shutdown(wait=False)
+        self._uploads.shutdown(wait=False)
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database's own failure (down, unreachable, locked past the busy
+    timeout): no answer about the call, which may succeed when retried."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return True
+    psycopg = sys.modules.get("psycopg")  # imported only by a PostgreSQL store
+    return psycopg is not None and isinstance(exc, psycopg.OperationalError)
+
+
+def store_unavailable(exc: BaseException) -> ApiError:
+    """The 503 for an ``unreachable`` store; the details (a host, a path) go to the log, for
+    the operator, not to the API's clients."""
+    log.warning("the batch store cannot be reached: %s", exc)
+    return ApiError(
+        503, "the batch store (its database) cannot be reached or is busy; retry later",
+        "server_error", "unavailable",
+    )  # fmt: skip
 
 
 JOBS = web.AppKey("embedmesh_jobs", Jobs)

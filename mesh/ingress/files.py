@@ -2,8 +2,8 @@
 ``GET /v1/files``, ``GET /v1/files/{file_id}``, ``GET /v1/files/{file_id}/content`` and
 ``DELETE /v1/files/{file_id}``.
 
-An upload streams from the socket to the store's blob in 1 MiB blocks (the store writes on its
-thread, pulling each block from the event loop), so a 200 MB file never sits in memory; the
+An upload streams from the socket to the store's blob in 1 MiB blocks (the store writes on an
+upload thread, pulling each block from the event loop), so a 200 MB file never sits in memory; the
 content of a file (an output file may be GBs) streams back the same way.
 """
 
@@ -14,7 +14,14 @@ from typing import BinaryIO
 
 from aiohttp import BodyPartReader, web
 
-from mesh.ingress.batch_store import Jobs, invalid, jobs_of, page_args
+from mesh.ingress.batch_store import (
+    Jobs,
+    invalid,
+    jobs_of,
+    page_args,
+    store_unavailable,
+    unreachable,
+)
 from mesh.ingress.http_errors import ApiError
 from mesh.ingress.state import json_response
 from mesh.jobs import FilePurpose, Page, TooLarge
@@ -89,9 +96,9 @@ async def _store_part(jobs: Jobs, part: BodyPartReader, filename: str):  # noqa:
             raise _storage_full(cfg.max_state_bytes)
         limit = min(limit, room)
     stream: BinaryIO = _PartStream(part, asyncio.get_running_loop())  # type: ignore[assignment]
-    store = await jobs.store()
     try:
-        return await jobs.run(
+        store = await jobs.store()
+        return await jobs.upload(
             lambda: store.create_file(
                 stream, filename=filename, purpose=FilePurpose.BATCH, max_bytes=limit
             )
@@ -103,6 +110,10 @@ async def _store_part(jobs: Jobs, part: BodyPartReader, filename: str):  # noqa:
             f"the file is over the limit of {cfg.max_file_bytes} bytes (--max-batch-file-bytes)",
             "file",
         ) from None
+    except Exception as exc:
+        if unreachable(exc):
+            raise store_unavailable(exc) from None
+        raise
 
 
 def _storage_full(limit: int) -> ApiError:

@@ -4,13 +4,23 @@ retention flag's durations and the lease owner id an ingress takes."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import click
 import pytest
 
 from launch.ingress_role import duration_s, jobs_config
 from launch.options import IngressArgs
-from mesh.ingress.batch_lines import MAX_ERRORS, estimate_tokens, validate
+from mesh.errors import Unavailable, WorkerFailed
+from mesh.ingress import batch_lines
+from mesh.ingress.batch_lines import (
+    LINE_RETRIES,
+    MAX_ERRORS,
+    ChunkFailed,
+    estimate_tokens,
+    run_line,
+    validate,
+)
 from mesh.ingress.batch_runner import CHUNK_LINES, MIN_CHUNK_LINES, chunk_lines
 
 
@@ -87,3 +97,51 @@ def test_a_small_batch_is_cut_into_smaller_chunks_a_large_one_into_full_ones() -
     assert chunk_lines(3) == MIN_CHUNK_LINES
     assert chunk_lines(300) == 38  # 8 chunks
     assert chunk_lines(100_000) == CHUNK_LINES
+
+
+class _Mesh:
+    """``batch_lines.embed`` failing every call with ``error``; the calls counted."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.calls = 0
+
+    async def __call__(self, *_: object) -> None:
+        self.calls += 1
+        raise self.error
+
+
+def _state() -> SimpleNamespace:
+    return SimpleNamespace(
+        cfg=SimpleNamespace(max_inputs=64), client=SimpleNamespace(models=lambda: ["m"])
+    )
+
+
+@pytest.fixture
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def instant(_: float) -> None:
+        return None
+
+    monkeypatch.setattr(batch_lines.asyncio, "sleep", instant)
+
+
+async def test_a_line_the_workers_kept_dying_on_is_answered_once_not_retried(
+    monkeypatch: pytest.MonkeyPatch, no_backoff: None
+) -> None:
+    # The broker already gave it its attempts (each one a worker lost): trying again would
+    # only kill more workers, so it is the line's answer, in the error file.
+    mesh = _Mesh(WorkerFailed("workers failed on this input 3 times"))
+    monkeypatch.setattr(batch_lines, "embed", mesh)
+    result = await run_line(_state(), 0, line())  # type: ignore[arg-type]
+    assert mesh.calls == 1 and not result.ok
+    assert json.loads(result.error or b"")["response"]["status_code"] == 502
+
+
+async def test_a_line_the_mesh_has_no_room_for_is_retried_then_fails_its_chunk(
+    monkeypatch: pytest.MonkeyPatch, no_backoff: None
+) -> None:
+    mesh = _Mesh(Unavailable("no worker serves m"))
+    monkeypatch.setattr(batch_lines, "embed", mesh)
+    with pytest.raises(ChunkFailed):
+        await run_line(_state(), 0, line())  # type: ignore[arg-type]
+    assert mesh.calls == LINE_RETRIES

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,7 +15,9 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from mesh.client import EmbedResult, ValidRequest
+from mesh.ingress.batch_store import STORE_THREADS
 from mesh.ingress.config import JobsConfig
+from mesh.jobs.sqlite import SqliteJobStore
 from proto_msgs import Lane
 from tests.unit.ingress.test_ingress_app import FakeClient, serve
 
@@ -183,3 +186,51 @@ async def test_an_upload_streams_past_the_request_body_limit_up_to_the_file_limi
         assert await content.read() == data
     finally:
         await client.close()
+
+
+async def test_uploads_that_stall_leave_the_store_to_everything_else(
+    jobs_http: TestClient,
+) -> None:
+    """An upload waits on its client's network: more of them than the store has threads must
+    not hold every store call of the process (the runner's lease renewals among them)."""
+    assert (await jobs_http.post("/v1/files", data=form(jsonl("a")))).status == 200
+    boundary = "stalled-upload"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
+            f"filename=\"in.jsonl\"\r\n\r\n").encode()  # fmt: skip
+    tail = f"\r\n--{boundary}--\r\n".encode()
+    go = asyncio.Event()
+
+    async def stalled() -> AsyncIterator[bytes]:
+        yield head + jsonl("b")
+        await go.wait()
+        yield tail
+
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    uploads = [asyncio.create_task(jobs_http.post("/v1/files", data=stalled(), headers=headers))
+               for _ in range(STORE_THREADS + 1)]  # fmt: skip
+    await asyncio.sleep(0.3)  # each upload has its part open and waits for the rest
+    try:
+        listed = await asyncio.wait_for(jobs_http.get("/v1/files"), 5.0)
+        assert listed.status == 200
+    finally:
+        go.set()
+        for resp in await asyncio.gather(*uploads):
+            resp.release()
+
+
+async def test_a_store_that_cannot_be_reached_answers_503_to_retry_not_500(
+    jobs_http: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert (await jobs_http.post("/v1/files", data=form(jsonl("a")))).status == 200
+
+    def locked(*_: object, **__: object) -> None:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(SqliteJobStore, "list_batches", locked)
+    resp = await jobs_http.get("/v1/batches")
+    assert resp.status == 503
+    error = (await resp.json())["error"]
+    assert error["code"] == "unavailable" and "retry" in error["message"]
+    monkeypatch.setattr(SqliteJobStore, "create_file", locked)
+    resp = await jobs_http.post("/v1/files", data=form(jsonl("b")))
+    assert resp.status == 503 and (await resp.json())["error"]["code"] == "unavailable"
