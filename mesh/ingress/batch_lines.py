@@ -36,10 +36,19 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})  # the mesh's failures, not the
 # on it (a poison input), and every try more would cost that many workers again.
 LINE_FAULT = "worker_failed"
 LINE_RETRIES = 6  # tries of a line the mesh fails, backing off 1, 2, 4, 8, 8 s between
+# The mesh could not take the line at all (no worker serves its model now, no room): the
+# chunk is given back without spending one of its attempts.
+UNAVAILABLE_STATUSES = frozenset({429, 503})
 
 
 class ChunkFailed(Exception):
-    """The mesh kept failing a line: the chunk is given back for a later attempt."""
+    """The mesh kept failing a line: the chunk is given back for a later attempt.
+    ``unavailable``: the mesh never took it (``UNAVAILABLE_STATUSES``), so the attempt is not
+    the line's to count."""
+
+    def __init__(self, message: str, *, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable
 
 
 def validate(lines: Iterator[bytes], endpoint: str) -> tuple[list[BatchError], int]:
@@ -115,7 +124,10 @@ async def run_line(state: IngressState, line_no: int, raw: bytes) -> LineResult:
             return _line(line_no, custom_id, request_id, 200, orjson.Fragment(body), tokens=tokens)
         if attempt + 1 < LINE_RETRIES:
             await asyncio.sleep(max(failure.retry_after_s or 0.0, min(2.0**attempt, 8.0)))
-    raise ChunkFailed(f"line {line_no + 1} ({custom_id}): {failure}")
+    raise ChunkFailed(
+        f"line {line_no + 1} ({custom_id}): {failure}",
+        unavailable=failure.status in UNAVAILABLE_STATUSES,
+    )
 
 
 async def _embed(state: IngressState, body: Any) -> tuple[bytes, int]:

@@ -8,7 +8,10 @@ validate what waits for validation, and keep ``CHUNKS_IN_FLIGHT`` chunks running
 ``LINES_IN_FLIGHT`` lines on the mesh's batch lane, so the lane stays full while memory stays
 bounded (a chunk's answers are held until it commits). A chunk's lease is renewed while it
 runs; a cancel or an expiry stops it (``release_chunk``); a lost lease drops its work (another
-process owns it now).
+process owns it now). A chunk the mesh kept failing is given back with one of its attempts
+spent (``fail_chunk``), unless the mesh never took its line at all (no worker serves the model
+now, no room: 503, 429): then it goes back unspent and this process claims nothing for
+``UNAVAILABLE_PAUSE_S``, so an outage fails no line; the batch's window bounds the wait.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ POLL_S = 0.5  # the loop's pause when there is nothing to claim
 SWEEP_S = 5.0  # expire and finalize this often (a cancel with no chunk to commit ends here)
 PURGE_S = 600.0  # delete the files whose retention passed this often
 RETRY_S = 5.0  # the pause after the store failed a step
+# After a chunk the mesh could not take (no worker for a model, no room), no claim for this
+# long: the chunk goes back unspent, and claiming it again at once would only spin.
+UNAVAILABLE_PAUSE_S = 10.0
 RENEW_S = DEFAULT_LEASE_S / 3
 
 
@@ -52,6 +58,7 @@ class BatchRunner:
         self.chunks: set[asyncio.Task[None]] = set()
         self.wake = asyncio.Event()
         self._swept = self._purged = 0.0
+        self.paused_until = 0.0  # monotonic: no claims before it (UNAVAILABLE_PAUSE_S)
 
     async def run(self) -> None:
         while not self.jobs.exists():  # SQLite: nothing to do until the first upload
@@ -101,7 +108,8 @@ class BatchRunner:
             return True
         claimed = False
         # No catalog yet (a fresh process, a restarted broker): every line would be a 404.
-        while self.state.client.models() and len(self.chunks) < CHUNKS_IN_FLIGHT:
+        ready = self.state.client.models() and now >= self.paused_until
+        while ready and len(self.chunks) < CHUNKS_IN_FLIGHT:
             lease = await self.jobs.run(store.claim_chunk, self.owner)
             if lease is None:
                 break
@@ -131,7 +139,11 @@ class BatchRunner:
         except ChunkFailed as exc:
             log.warning("batch %s chunk %d failed: %s", lease.batch_id, lease.chunk_no, exc)
             with contextlib.suppress(LeaseLost):
-                await self.jobs.run(store.fail_chunk, current, str(exc))
+                if exc.unavailable:  # the mesh's outage, not the lines': no attempt spent
+                    self.paused_until = time.monotonic() + UNAVAILABLE_PAUSE_S
+                    await self.jobs.run(store.release_chunk, current)
+                else:
+                    await self.jobs.run(store.fail_chunk, current, str(exc))
         except LeaseLost:
             log.info("batch %s chunk %d: lease lost", lease.batch_id, lease.chunk_no)
         except asyncio.CancelledError:

@@ -145,3 +145,44 @@ async def test_a_line_the_mesh_has_no_room_for_is_retried_then_fails_its_chunk(
     with pytest.raises(ChunkFailed):
         await run_line(_state(), 0, line())  # type: ignore[arg-type]
     assert mesh.calls == LINE_RETRIES
+
+
+async def test_a_chunk_the_mesh_could_not_take_goes_back_unspent_and_claims_pause(
+    monkeypatch: pytest.MonkeyPatch, no_backoff: None, tmp_path: object
+) -> None:
+    """No worker serves the model now (503): the chunk is released without counting a
+    failure, however often it happens, and the runner claims nothing for a while; a worker
+    that fails the line (504) spends one of the chunk's attempts."""
+    import time
+
+    from mesh.errors import DeadlineExceeded
+    from mesh.ingress.batch_runner import UNAVAILABLE_PAUSE_S, BatchRunner
+    from mesh.jobs import open_store
+
+    store = open_store(tmp_path, max_chunk_attempts=2)  # type: ignore[arg-type]
+    upload = store.create_file(line("a") + line("b"), filename="in.jsonl", purpose="batch")
+    batch = store.create_batch(input_file_id=upload.id, endpoint="/v1/embeddings")
+    store.start_batch(batch.id, store.plan_chunks(upload.id, 10))
+
+    async def run(fn: object, *args: object) -> object:
+        return fn(*args)  # type: ignore[operator]
+
+    jobs = SimpleNamespace(cfg=SimpleNamespace(owner="host:1:0"), run=run)
+    runner = BatchRunner(_state(), jobs)  # type: ignore[arg-type]
+    monkeypatch.setattr(batch_lines, "embed", _Mesh(Unavailable("no worker serves m")))
+    for _ in range(3):  # more outages than the chunk has attempts
+        lease = store.claim_chunk("host:1:0")
+        assert lease is not None
+        before = time.monotonic()
+        await runner._chunk(store, lease)
+        assert runner.paused_until >= before + UNAVAILABLE_PAUSE_S
+    assert store.get_batch(batch.id).status == "in_progress"
+    assert store.get_batch(batch.id).request_counts.failed == 0
+
+    monkeypatch.setattr(batch_lines, "embed", _Mesh(DeadlineExceeded("took too long")))
+    for _ in range(2):
+        lease = store.claim_chunk("host:1:0")
+        assert lease is not None
+        await runner._chunk(store, lease)
+    assert store.get_batch(batch.id).request_counts.failed == 2  # its 2 attempts spent
+    store.close()
