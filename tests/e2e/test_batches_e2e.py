@@ -7,7 +7,6 @@ process leaves a batch that finishes with every custom_id exactly once."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
