@@ -51,11 +51,12 @@ class ChunkFailed(Exception):
         self.unavailable = unavailable
 
 
-def validate(lines: Iterator[bytes], endpoint: str) -> tuple[list[BatchError], int]:
-    """The file's errors (none: valid) and its estimated tokens."""
+def validate(lines: Iterator[bytes], endpoint: str) -> tuple[list[BatchError], int, int]:
+    """The file's errors (none: valid), its estimated tokens and its inputs (texts, or
+    token-id lists)."""
     errors: list[BatchError] = []
     seen: set[str] = set()
-    tokens = 0
+    tokens = inputs = 0
     count = 0
     for count, raw in enumerate(lines, 1):
         problem, custom_id, body = _check_line(raw, endpoint)
@@ -67,9 +68,10 @@ def validate(lines: Iterator[bytes], endpoint: str) -> tuple[list[BatchError], i
             continue
         seen.add(custom_id)
         tokens += estimate_tokens(body)
+        inputs += count_inputs(body)
     if count == 0:
         errors.append(BatchError("empty_file", "the input file has no lines"))
-    return errors, tokens
+    return errors, tokens, inputs
 
 
 def _check_line(raw: bytes, endpoint: str) -> tuple[BatchError | None, str, Any]:
@@ -91,6 +93,15 @@ def _check_line(raw: bytes, endpoint: str) -> tuple[BatchError | None, str, Any]
         return BatchError("mismatched_endpoint", f"the line's url is {doc.get('url')!r}; this "
                           f"batch's endpoint is {endpoint}", param="url"), custom_id, None  # fmt: skip
     return None, custom_id, doc.get("body")
+
+
+def count_inputs(body: Any) -> int:
+    """How many embeddings a body asks for (one text, a list of texts or of id lists, or
+    one list of token ids)."""
+    value = body.get("input") if isinstance(body, dict) else None
+    if not isinstance(value, list) or not value or all(type(t) is int for t in value):
+        return 1
+    return len(value)
 
 
 def estimate_tokens(body: Any) -> int:

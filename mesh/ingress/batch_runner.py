@@ -34,6 +34,9 @@ from mesh.jobs.store import DEFAULT_LEASE_S
 log = logging.getLogger("embedmesh.batches")
 
 CHUNK_LINES = 100  # input lines per chunk (lease and retry unit); 10..1000 is reasonable
+# A chunk's answers are held until it commits: a file whose lines carry many inputs each is cut
+# into chunks of about this many inputs (on average), fewer lines a chunk.
+CHUNK_INPUTS = 6400
 # A small batch is cut finer, into about this many chunks of at least MIN_CHUNK_LINES: its
 # work spreads over processes and its request_counts move while it runs.
 MIN_CHUNKS = 8
@@ -180,9 +183,13 @@ class BatchRunner:
         await asyncio.gather(*self.chunks, return_exceptions=True)
 
 
-def chunk_lines(lines: int) -> int:
-    """Lines per chunk of a batch of ``lines``: CHUNK_LINES, fewer for a small batch."""
-    return max(MIN_CHUNK_LINES, min(CHUNK_LINES, -(-lines // MIN_CHUNKS)))
+def chunk_lines(lines: int, inputs: int = 0) -> int:
+    """Lines per chunk of a batch of ``lines`` asking for ``inputs`` embeddings: CHUNK_LINES,
+    fewer for a small batch, and fewer where the lines carry many inputs (CHUNK_INPUTS)."""
+    n = max(MIN_CHUNK_LINES, min(CHUNK_LINES, -(-lines // MIN_CHUNKS)))
+    if inputs > 0 and lines > 0:
+        n = min(n, max(1, CHUNK_INPUTS * lines // inputs))
+    return n
 
 
 def _sweep(store: JobStore) -> list[Batch]:
@@ -194,7 +201,7 @@ def _sweep(store: JobStore) -> list[Batch]:
 def _validate(store: JobStore, batch: Batch) -> None:
     """Check the input file; start the batch on it, or fail it with the errors."""
     with store.open_file(batch.input_file_id) as src:
-        errors, tokens = validate(iter(src), batch.endpoint)
+        errors, tokens, inputs = validate(iter(src), batch.endpoint)
     try:
         if errors:
             store.fail_batch(batch.id, errors)
@@ -202,8 +209,9 @@ def _validate(store: JobStore, batch: Batch) -> None:
             return
         chunks = store.plan_chunks(batch.input_file_id, CHUNK_LINES)
         lines = chunks[-1].end_line if chunks else 0
-        if chunk_lines(lines) < CHUNK_LINES:  # a small file: a second pass is cheap
-            chunks = store.plan_chunks(batch.input_file_id, chunk_lines(lines))
+        size = chunk_lines(lines, inputs)
+        if size < CHUNK_LINES:  # a small file, or lines of many inputs: a second pass
+            chunks = store.plan_chunks(batch.input_file_id, size)
         store.start_batch(batch.id, chunks, tokens_total=tokens)
     except Exception as exc:  # cancelled meanwhile, or another validator won: theirs now
         log.info("batch %s: not started: %s", batch.id, exc)

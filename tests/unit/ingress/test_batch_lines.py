@@ -21,7 +21,7 @@ from mesh.ingress.batch_lines import (
     run_line,
     validate,
 )
-from mesh.ingress.batch_runner import CHUNK_LINES, MIN_CHUNK_LINES, chunk_lines
+from mesh.ingress.batch_runner import CHUNK_INPUTS, CHUNK_LINES, MIN_CHUNK_LINES, chunk_lines
 
 
 def line(custom_id: str = "a", url: str = "/v1/embeddings", **extra: object) -> bytes:
@@ -31,8 +31,8 @@ def line(custom_id: str = "a", url: str = "/v1/embeddings", **extra: object) -> 
 
 
 def test_a_valid_file_has_no_errors_and_an_estimate_of_its_tokens() -> None:
-    errors, tokens = validate(iter([line("a"), line("b")]), "/v1/embeddings")
-    assert errors == [] and tokens == 2 * (40 // 4 + 2)
+    errors, tokens, inputs = validate(iter([line("a"), line("b")]), "/v1/embeddings")
+    assert errors == [] and tokens == 2 * (40 // 4 + 2) and inputs == 2
 
 
 @pytest.mark.parametrize(
@@ -47,19 +47,19 @@ def test_a_valid_file_has_no_errors_and_an_estimate_of_its_tokens() -> None:
     ],
 )
 def test_a_bad_line_is_an_error_naming_its_line(raw: bytes, code: str, param: str | None) -> None:
-    errors, _ = validate(iter([line("first"), raw]), "/v1/embeddings")
+    errors, _, _ = validate(iter([line("first"), raw]), "/v1/embeddings")
     assert [(e.code, e.line, e.param) for e in errors] == [(code, 2, param)]
 
 
 def test_a_repeated_custom_id_fails_and_an_empty_file_fails() -> None:
-    errors, _ = validate(iter([line("a"), line("b"), line("a")]), "/v1/embeddings")
+    errors, _, _ = validate(iter([line("a"), line("b"), line("a")]), "/v1/embeddings")
     assert [(e.code, e.line) for e in errors] == [("duplicate_custom_id", 3)]
-    errors, _ = validate(iter([]), "/v1/embeddings")
+    errors, _, _ = validate(iter([]), "/v1/embeddings")
     assert [e.code for e in errors] == ["empty_file"]
 
 
 def test_errors_are_capped_but_every_line_is_read() -> None:
-    errors, _ = validate(iter([b"bad\n"] * (MAX_ERRORS + 5)), "/v1/embeddings")
+    errors, _, _ = validate(iter([b"bad\n"] * (MAX_ERRORS + 5)), "/v1/embeddings")
     assert len(errors) == MAX_ERRORS and errors[-1].line == MAX_ERRORS
 
 
@@ -97,6 +97,10 @@ def test_a_small_batch_is_cut_into_smaller_chunks_a_large_one_into_full_ones() -
     assert chunk_lines(3) == MIN_CHUNK_LINES
     assert chunk_lines(300) == 38  # 8 chunks
     assert chunk_lines(100_000) == CHUNK_LINES
+    # lines of many inputs each: a chunk's answers stay about CHUNK_INPUTS embeddings
+    assert chunk_lines(100_000, 100_000 * 2048) == CHUNK_INPUTS // 2048
+    assert chunk_lines(100_000, 100_000 * 64) == CHUNK_LINES
+    assert chunk_lines(10, 10 * 100_000) == 1
 
 
 class _Mesh:
