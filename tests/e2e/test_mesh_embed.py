@@ -72,7 +72,8 @@ def test_each_format_holds_what_v1_embeddings_answers_for_the_same_texts(
 def test_a_run_stopped_mid_way_and_resumed_equals_an_uninterrupted_one(
     ingress: Ingress, short_texts: list[str], tmp_path: Path, signum: int, status: int
 ) -> None:
-    source = write_input(tmp_path / "in.jsonl", short_texts)
+    texts = short_texts * 4  # a run of ~130 requests: long enough to stop on a busy host
+    source = write_input(tmp_path / "in.jsonl", texts)
     whole, out = tmp_path / "whole.jsonl", tmp_path / "out.jsonl"
     slow = ("--batch-size", "4", "--concurrency", "1", "--quiet")
     assert subprocess.run(mesh_embed(ingress, source, whole, *slow), timeout=240).returncode == 0
@@ -86,11 +87,11 @@ def test_a_run_stopped_mid_way_and_resumed_equals_an_uninterrupted_one(
     proc.send_signal(signum)
     assert proc.wait(30) == status
     saved = json.loads(marker.read_text())["rows"]
-    assert 12 <= saved < len(short_texts)
+    assert 12 <= saved < len(texts)
     resumed = subprocess.run(mesh_embed(ingress, source, out, *slow, "--resume"),
                              stderr=subprocess.PIPE, text=True, timeout=240)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     ids, vectors = read_output(out)
     want_ids, want = read_output(whole)
-    assert ids == want_ids == [f"doc-{i}" for i in range(len(short_texts))]
+    assert ids == want_ids == [f"doc-{i}" for i in range(len(texts))]
     assert_same_vectors(vectors, want)
