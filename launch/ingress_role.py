@@ -17,7 +17,7 @@ import click
 from launch.options import DEFAULT_FRONTEND, IngressArgs, LaunchArgs
 from launch.roles import Security, client_connector
 from mesh.config import Liveness
-from mesh.ingress.config import IngressConfig
+from mesh.ingress.config import ConnectionLimits, IngressConfig
 
 API_KEY_ENV = "EMBEDMESH_API_KEY"
 # Never inherited as they are: the supervisor gives only ingress children the key (a file read
@@ -58,6 +58,9 @@ def ingress_config(args: LaunchArgs, liveness: Liveness) -> IngressConfig:
         reuse_port=ing.reuse_port,
         drain_grace_s=ing.drain_grace,
         body_timeout_s=ing.body_timeout,
+        connection_limits=ConnectionLimits(
+            ing.header_timeout, ing.idle_timeout, ing.max_connections
+        ),
     )
 
 

@@ -20,7 +20,15 @@ from typing import Any
 import click
 
 from mesh import config
-from mesh.ingress.config import BODY_TIMEOUT_S, DRAIN_GRACE_S, MAX_BODY_BYTES, MAX_INPUTS
+from mesh.ingress.config import (
+    BODY_TIMEOUT_S,
+    DRAIN_GRACE_S,
+    HEADER_TIMEOUT_S,
+    IDLE_TIMEOUT_S,
+    MAX_BODY_BYTES,
+    MAX_CONNECTIONS,
+    MAX_INPUTS,
+)
 
 ROLES = ("broker", "worker", "ingress", "all")
 ENV_PREFIX = "EMBEDMESH_"
@@ -253,6 +261,15 @@ class IngressArgs:
         click.BOOL, flag=False)  # fmt: skip
     reuse_port: bool = opt(False, "Bind the HTTP port with SO_REUSEPORT (the children of "
         "--ingress-procs).", "ingress", roles=("ingress",), internal=True)  # fmt: skip
+    header_timeout: float = opt(HEADER_TIMEOUT_S, "Seconds a request's headers may take to "
+        "arrive after its first byte (then 408 and the connection closes).", "ingress",
+        POSITIVE, expert=True)  # fmt: skip
+    idle_timeout: float = opt(IDLE_TIMEOUT_S, "Seconds a connection with no request running "
+        "stays open; keep it above a load balancer's idle timeout.", "ingress", POSITIVE,
+        expert=True)  # fmt: skip
+    max_connections: int = opt(MAX_CONNECTIONS, "Open connections per ingress process; past "
+        "it a new one gets 503 with Retry-After and is closed.", "ingress",
+        click.IntRange(min=1), expert=True)  # fmt: skip
 
 
 @dataclass
