@@ -61,6 +61,8 @@ def ingress_config(args: LaunchArgs, liveness: Liveness) -> IngressConfig:
         connection_limits=ConnectionLimits(
             ing.header_timeout, ing.idle_timeout, ing.max_connections
         ),
+        max_response_bytes=ing.max_response_bytes,
+        response_budget_bytes=ing.response_budget_bytes,
     )
 
 

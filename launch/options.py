@@ -28,6 +28,8 @@ from mesh.ingress.config import (
     MAX_BODY_BYTES,
     MAX_CONNECTIONS,
     MAX_INPUTS,
+    MAX_RESPONSE_BYTES,
+    RESPONSE_BUDGET_BYTES,
 )
 
 ROLES = ("broker", "worker", "ingress", "all")
@@ -270,6 +272,12 @@ class IngressArgs:
     max_connections: int = opt(MAX_CONNECTIONS, "Open connections per ingress process; past "
         "it a new one gets 503 with Retry-After and is closed.", "ingress",
         click.IntRange(min=1), expert=True)  # fmt: skip
+    max_response_bytes: int = opt(MAX_RESPONSE_BYTES, "Largest response body, estimated once "
+        "the request is tokenized (rows x dimensions x format); a larger one is 413.",
+        "ingress", click.IntRange(min=1), expert=True)  # fmt: skip
+    response_budget_bytes: int = opt(RESPONSE_BUDGET_BYTES, "Bytes of the responses one "
+        "ingress process builds and sends at once; past it a request gets 429 with "
+        "Retry-After.", "ingress", click.IntRange(min=1), expert=True)  # fmt: skip
 
 
 @dataclass

@@ -60,6 +60,7 @@ from mesh.ingress.http_errors import (
     route_family,
 )
 from mesh.ingress.metrics import CONTENT_TYPE, IngressMetrics
+from mesh.ingress.responses import ResponseBudget
 from mesh.ingress.schema import PRIORITY_HEADER, EmbeddingsRequest, parse_embeddings_request
 from mesh.ingress.state import (
     STATE,
@@ -96,7 +97,8 @@ def create_app(cfg: IngressConfig, client: MeshClient | None = None) -> web.Appl
             default_timeout_s=cfg.request_timeout_s,
             prefetch_tokenizers=True,
         )
-    state = IngressState(cfg, client, Catalog(client), IngressMetrics(client), owns)
+    responses = ResponseBudget(cfg.response_budget_bytes, cfg.max_response_bytes)
+    state = IngressState(cfg, client, Catalog(client), IngressMetrics(client), owns, responses)
     app = web.Application(
         client_max_size=cfg.max_body_bytes, middlewares=[_observe, _errors, _auth]
     )
@@ -205,6 +207,7 @@ async def _embeddings(request: web.Request) -> web.Response:
     req = parse_embeddings_request(body, cfg.max_inputs, request.headers.get(PRIORITY_HEADER))
     parsed = time.perf_counter()
     valid = await _front_door(state, req)
+    state.responses.reserve(valid, req.encoding_format)
     prepared = time.perf_counter()
     result = await state.client.submit(valid, cfg.request_timeout_s)
     meshed = time.perf_counter()

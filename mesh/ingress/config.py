@@ -25,6 +25,13 @@ IDLE_TIMEOUT_S = 75.0
 MAX_CONNECTIONS = 4096
 
 
+# mesh.ingress.responses: the bytes of one response at most (else 413; 2048 inputs x 4096
+# dimensions as JSON floats are ~117 MB) and of all the responses one process builds and
+# sends at once (else 429); the second at least the first; 16 MiB..2 GiB is reasonable.
+MAX_RESPONSE_BYTES = 128 << 20
+RESPONSE_BUDGET_BYTES = 384 << 20
+
+
 @dataclass(frozen=True)
 class ConnectionLimits:
     header_timeout_s: float = HEADER_TIMEOUT_S
@@ -64,3 +71,5 @@ class IngressConfig:
     body_timeout_s: float = BODY_TIMEOUT_S
     # Header-read and idle timeouts, the cap on open connections (mesh.ingress.connections).
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    max_response_bytes: int = MAX_RESPONSE_BYTES
+    response_budget_bytes: int = RESPONSE_BUDGET_BYTES
