@@ -181,6 +181,7 @@ def run_worker(
 
     from mesh.worker.engine.card import default_model_path
     from mesh.worker.engine.engine import Engine
+    from mesh.worker.probe import probe_rate
     from mesh.worker.server import WorkerOptions, WorkerServer
 
     dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
@@ -218,6 +219,7 @@ def run_worker(
         test_hang_after=hang_after_from_env(),
         watchdog_s=WORKER_WATCHDOG_S if cfg.watchdog_s is None else cfg.watchdog_s,
         profile_out=cfg.profile_out,
+        probe_rate=probe_rate(engine, engine.max_batch_tokens, info.max_input_tokens),
     )
     ctx = zmq.Context()
     server = WorkerServer(

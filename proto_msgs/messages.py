@@ -506,10 +506,16 @@ class WorkerReady(Message):
     # before the field).
     live_credits: int = 0
     live_tokens: int = 0
+    # Tokens per second of compute the worker timed on a probe batch at start (smaller than
+    # its budget, so below its bulk rate): the broker's admission in time starts from it until
+    # it learns the rate of real batches. 0: not measured (a worker from before the field).
+    probe_rate: float = 0.0
 
     def validate(self) -> None:
         if not 1 <= self.credits <= 64:
             raise ProtocolError("WorkerReady: credits out of 1..64")
+        if not 0.0 <= self.probe_rate <= 1e10:  # NaN fails too
+            raise ProtocolError("WorkerReady: probe_rate out of 0..1e10")
         if not 0 <= self.live_credits < self.credits:
             raise ProtocolError("WorkerReady: live_credits must leave bulk at least one credit")
         if self.live_credits and not 1 <= self.live_tokens <= self.max_batch_tokens:

@@ -27,6 +27,7 @@ class WorkerState:
     rate: float = 0.0  # tokens per second of compute on its large batches; 0 while unknown
     live_credits: int = 0  # of credits, those kept for its live lane (WorkerReady); 0: none
     live_tokens: int = 0  # the largest batch its live lane runs
+    probe_rate: float = 0.0  # tokens per second it timed on a probe batch at start; 0: none
 
     def note_compute(self, tokens: int, compute_ms: float) -> None:
         """Learn the worker's rate from a batch's result (large batches only: see config)."""
@@ -77,6 +78,7 @@ class Registry:
             progress_at=now,
             live_credits=ready.live_credits,
             live_tokens=ready.live_tokens,
+            probe_rate=float(ready.probe_rate),
         )
         self.workers[identity] = state
         # The first of each stays: the caller refuses a card that conflicts with a known one
@@ -128,8 +130,14 @@ class Registry:
 
     def drain_rate(self, model: str) -> float:
         """Tokens per second the model's workers compute together, from the rates their large
-        batches ran at; 0 while no worker of it has run one (admission in time then waits)."""
-        return sum(w.rate for w in self.workers.values() if w.model.name == model)
+        batches ran at; a worker that has run none yet counts with the rate of its probe
+        batch (``WorkerReady.probe_rate``), so that admission in time holds from the first
+        request of a fresh mesh; 0 while no worker of it has a rate of either kind."""
+        return sum(
+            w.rate if w.rate > 0.0 else w.probe_rate
+            for w in self.workers.values()
+            if w.model.name == model
+        )
 
     def catalog(self) -> list[ModelInfo]:
         """Models with at least one live worker, with their worker counts and the largest

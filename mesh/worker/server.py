@@ -106,6 +106,7 @@ class WorkerOptions:
     profile_out: str | None = None  # diagnostics: cProfile the compute loop, stats here
     # Exit (EXIT_HUNG) after holding batches this long with none answered; 0 = never.
     watchdog_s: float = WORKER_WATCHDOG_S
+    probe_rate: float = 0.0  # tokens/s timed on a probe batch (mesh.worker.probe); 0: none
 
 
 @dataclass
@@ -184,6 +185,7 @@ class WorkerServer:
             device=options.device,
             live_credits=1 if self.live is not None else 0,
             live_tokens=live_tokens if self.live is not None else 0,
+            probe_rate=options.probe_rate,
         )
         self.link = BrokerLink(
             ctx, broker_endpoint, ready, liveness, connect=connect, accept=self._accept

@@ -65,6 +65,17 @@ def test_a_ready_from_a_worker_without_a_live_lane_field_keeps_no_credit_for_one
     assert (got.live_credits, got.live_tokens) == (0, 0)
 
 
+def test_a_ready_without_a_probe_rate_has_none_and_a_wild_one_is_refused() -> None:
+    frames = encode(dataclasses.replace(_ready(), probe_rate=1234.5))
+    assert decode(frames).probe_rate == 1234.5
+    body = msgpack.unpackb(frames[1])
+    del body["probe_rate"]
+    assert decode([frames[0], msgpack.packb(body, use_bin_type=True), *frames[2:]]).probe_rate == 0
+    for wild in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ProtocolError, match="probe_rate"):
+            decode(encode(dataclasses.replace(_ready(), probe_rate=wild)))
+
+
 @pytest.mark.parametrize(
     ("credits", "live_credits", "live_tokens", "problem"),
     [
