@@ -1,8 +1,8 @@
 """The rate a worker announces before it has served anything: one probe batch, timed.
 
 A fresh broker knows nothing of its workers' speed, and admission in time
-(``mesh.broker.queue``) needs a rate: without one, a fresh mesh admitted two 2,048-text
-requests that both ended in 504 two minutes later. So a worker times a probe batch at start and
+(``mesh.broker.queue``) needs a rate: without one, a fresh mesh would admit bulk requests
+that end in 504 after their whole timeout. So a worker times a probe batch at start and
 sends the rate in its ``WorkerReady`` (``probe_rate``); the broker uses it until the worker's
 large batches teach it the real one.
 
