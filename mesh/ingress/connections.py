@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import resource
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from aiohttp import web
@@ -94,9 +94,9 @@ class GuardedHandler(RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self._guard
         if guard.open >= guard.limits.max_connections:
-            assert isinstance(transport, asyncio.Transport)
             guard.refused += 1
-            self._refuse(transport)
+            # uvloop's transports are not asyncio.Transport subclasses: no isinstance check.
+            self._refuse(cast(asyncio.Transport, transport))
             return
         guard.open += 1
         self._counted = True
