@@ -43,6 +43,9 @@ log = logging.getLogger("embedmesh.ingress")
 REFUSED_LINGER_S = 1.0
 # File descriptors kept beyond the cap for the process's own sockets and files.
 SPARE_FDS = 256
+# Refusals at the cap are logged at most once per this many seconds (a flood must not flood
+# the log too); 1..300 is reasonable.
+REFUSAL_LOG_S = 10.0
 
 
 def _raw_error(status: int, reason: str, message: str, code: str, extra: str = "") -> bytes:
@@ -64,6 +67,8 @@ class Guard:
         self.open = 0  # connections accepted and not yet lost
         self.refused = 0  # connections refused at the cap, since start
         self.header_timeouts = 0  # connections closed by the header timeout, since start
+        self._logged_at = -REFUSAL_LOG_S
+        self._logged_refused = 0
         self.refusal = _raw_error(
             503,
             "Service Unavailable",
@@ -77,6 +82,15 @@ class Guard:
             f"the request headers did not arrive within {limits.header_timeout_s:g}s",
             "request_timeout",
         )
+
+    def note_refusal(self, now: float) -> None:
+        """Count a connection refused at the cap; say so in the log now and then."""
+        self.refused += 1
+        if now - self._logged_at >= REFUSAL_LOG_S:
+            log.warning("%d connections open, the most this process holds (--max-connections):"
+                        " %d new ones refused with 503 since the last such line",
+                        self.open, self.refused - self._logged_refused)  # fmt: skip
+            self._logged_at, self._logged_refused = now, self.refused
 
 
 class GuardedHandler(RequestHandler):
@@ -94,7 +108,7 @@ class GuardedHandler(RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self._guard
         if guard.open >= guard.limits.max_connections:
-            guard.refused += 1
+            guard.note_refusal(self._loop.time())
             # uvloop's transports are not asyncio.Transport subclasses: no isinstance check.
             self._refuse(cast(asyncio.Transport, transport))
             return
