@@ -129,12 +129,15 @@ class GuardedHandler(RequestHandler):
         if self._refused is not None:
             return  # read and dropped
         before = self._request_count
+        # Between requests: none parsed yet on this connection, or the handler's loop waits
+        # for the next one. Not while a body arrives or a request runs (its waiter is gone).
+        waiter = self._waiter
+        between = before == 0 or (waiter is not None and not waiter.done())
         super().data_received(data)
         if self._request_count != before:  # a request's headers are complete
             self._disarm()
-        elif data and self._header_timer is None and not self._request_in_progress:
-            # The first bytes of a request (not of a body: no request runs).
-            timeout = self._guard.limits.header_timeout_s
+        elif data and between and self._header_timer is None:
+            timeout = self._guard.limits.header_timeout_s  # from a request's first byte
             self._header_timer = self._loop.call_later(timeout, self._headers_too_slow)
 
     def eof_received(self) -> bool | None:

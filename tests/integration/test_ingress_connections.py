@@ -33,10 +33,15 @@ async def _ok(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+async def _echo(request: web.Request) -> web.Response:
+    return web.json_response({"bytes": len(await request.read())})
+
+
 @pytest.fixture
 async def site() -> AsyncIterator[tuple[int, Guard]]:
     app = web.Application()
     app.router.add_get("/ok", _ok)
+    app.router.add_post("/echo", _echo)
     guard = Guard(ConnectionLimits(HEADER_S, IDLE_S, CAP))
     kwargs = handler_kwargs(guard.limits)
     runner = web.AppRunner(app, handler_cancellation=True, **kwargs)
@@ -124,6 +129,25 @@ async def test_a_whole_request_sent_slowly_within_the_timeout_is_served(
         writer.write(line + b"\r\n")
         await asyncio.sleep(HEADER_S / 10)
     assert (await _response(reader)).startswith(b"HTTP/1.1 200")
+    writer.close()
+
+
+async def test_a_body_sent_in_pieces_leaves_no_header_timer_on_its_kept_alive_connection(
+    site: tuple[int, Guard],
+) -> None:
+    port, guard = site
+    reader, writer = await _connect(port)
+    body = b"x" * 300_000
+    writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body))
+    for i in range(0, len(body), 50_000):  # the body in pieces, the first with the headers
+        writer.write(body[i : i + 50_000])
+        await writer.drain()
+    assert (await _response(reader)).endswith(b'{"bytes": 300000}')
+    # Idle past the header timeout, within the idle one: still open, and it serves.
+    await asyncio.sleep(HEADER_S + (IDLE_S - HEADER_S) / 2)
+    writer.write(REQUEST)
+    assert (await _response(reader)).startswith(b"HTTP/1.1 200")
+    assert guard.header_timeouts == 0
     writer.close()
 
 
