@@ -45,13 +45,14 @@ def row_bytes(width: int, kind: str, encoding_format: str) -> int:
 
 
 def answer_width(valid: ValidRequest) -> int:
-    """Values per row of ``valid``'s answer: per-token rows are the model's hidden states
-    (``/embed_all``) or its multi-vector head's; pooled rows its (Matryoshka) dimensions."""
+    """Values per row of ``valid``'s answer: a multi-vector head's width; span rows (token
+    states of ``/embed_all``, chunk means) the hidden width, before any Dense layer; pooled
+    rows the model's dimensions; either cut by a Matryoshka ``dimensions``."""
     output, model = valid.output, valid.model
     if output.rows == "multivector":
         return model.multivector_dims
-    if output.rows == "spans" and output.dims is None and not output.normalize:
-        return model.hidden_size or model.dims  # raw token states (mesh.client.spans.per_token)
+    if output.rows == "spans":
+        return output.dims or model.hidden_size or model.dims
     return output.dims or model.dims
 
 
