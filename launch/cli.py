@@ -35,6 +35,13 @@ EMBEDMESH_HTTP_PORT). Expert settings, left out of this list, go in a TOML file 
 (reference: docs/config.md). A flag wins over its variable, the variable over the file, the
 file over the default. A flag that does not apply to the role is refused."""
 
+# One line on stderr at start when --api-key was typed on the command line.
+API_KEY_IN_ARGV = (
+    "embedmesh: warning: --api-key on the command line is visible to every user of this host "
+    "(ps, /proc/PID/cmdline); give it with --api-key-file FILE or the EMBEDMESH_API_KEY "
+    "variable instead"
+)
+
 
 class GroupedOption(click.Option):
     """A click option that knows its help group."""
@@ -173,6 +180,8 @@ def _main(
 ) -> None:
     die_with_parent_from_env()  # a role started by `--role all`: first, before any slow start
     args = launch_args(ctx)
+    if ctx.get_parameter_source("api_key") is ParameterSource.COMMANDLINE:
+        click.echo(API_KEY_IN_ARGV, err=True)
     if print_config:
         click.echo(config_file.render(args), nl=False)
         return

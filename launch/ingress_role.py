@@ -19,7 +19,7 @@ import click
 from launch.options import DEFAULT_FRONTEND, IngressArgs, LaunchArgs
 from launch.roles import Security, client_connector
 from mesh.config import Liveness
-from mesh.ingress.config import IngressConfig, JobsConfig
+from mesh.ingress.config import ConnectionLimits, IngressConfig, JobsConfig
 from mesh.jobs import default_state_dir
 
 API_KEY_ENV = "EMBEDMESH_API_KEY"
@@ -61,6 +61,11 @@ def ingress_config(args: LaunchArgs, liveness: Liveness) -> IngressConfig:
         reuse_port=ing.reuse_port,
         drain_grace_s=ing.drain_grace,
         body_timeout_s=ing.body_timeout,
+        connection_limits=ConnectionLimits(
+            ing.header_timeout, ing.idle_timeout, ing.max_connections
+        ),
+        max_response_bytes=ing.max_response_bytes,
+        response_budget_bytes=ing.response_budget_bytes,
         jobs=jobs_config(ing),
     )
 

@@ -23,9 +23,14 @@ from mesh import config
 from mesh.ingress.config import (
     BODY_TIMEOUT_S,
     DRAIN_GRACE_S,
+    HEADER_TIMEOUT_S,
+    IDLE_TIMEOUT_S,
     MAX_BATCH_FILE_BYTES,
     MAX_BODY_BYTES,
+    MAX_CONNECTIONS,
     MAX_INPUTS,
+    MAX_RESPONSE_BYTES,
+    RESPONSE_BUDGET_BYTES,
 )
 
 ROLES = ("broker", "worker", "ingress", "all")
@@ -305,6 +310,21 @@ class IngressArgs:
     ingress_slot: int | None = opt(None, "This ingress's place among --ingress-procs "
         "siblings: its batch leases' owner id.", "ingress", INT, roles=("ingress",),
         internal=True)  # fmt: skip
+    header_timeout: float = opt(HEADER_TIMEOUT_S, "Seconds a request's headers may take to "
+        "arrive after its first byte (then 408 and the connection closes).", "ingress",
+        POSITIVE, expert=True)  # fmt: skip
+    idle_timeout: float = opt(IDLE_TIMEOUT_S, "Seconds a connection with no request running "
+        "stays open; keep it above a load balancer's idle timeout.", "ingress", POSITIVE,
+        expert=True)  # fmt: skip
+    max_connections: int = opt(MAX_CONNECTIONS, "Open connections per ingress process; past "
+        "it a new one gets 503 with Retry-After and is closed.", "ingress",
+        click.IntRange(min=1), expert=True)  # fmt: skip
+    max_response_bytes: int = opt(MAX_RESPONSE_BYTES, "Largest response body, estimated once "
+        "the request is tokenized (rows x dimensions x format); a larger one is 413.",
+        "ingress", click.IntRange(min=1), expert=True)  # fmt: skip
+    response_budget_bytes: int = opt(RESPONSE_BUDGET_BYTES, "Bytes of the responses one "
+        "ingress process builds and sends at once; past it a request gets 429 with "
+        "Retry-After.", "ingress", click.IntRange(min=1), expert=True)  # fmt: skip
 
 
 @dataclass

@@ -183,13 +183,15 @@ def run_worker(
 
 
 def load_engine(cfg: WorkerArgs) -> tuple[Engine, float]:
-    """The engine ``cfg`` asks for, loaded (and its ``--buckets`` warmed), and, for
-    ``--max-batch-tokens auto``, the rate its chosen budget measured (0.0 otherwise)."""
+    """The engine ``cfg`` asks for, loaded (and its ``--buckets`` warmed), and the rate it
+    measured: at the budget ``--max-batch-tokens auto`` chose, else on a probe batch (0.0
+    when the probe could not run)."""
     import torch
 
     from mesh.worker.budget import auto_budget, budget_is_auto
     from mesh.worker.engine.card import default_model_path
     from mesh.worker.engine.engine import Engine
+    from mesh.worker.probe import probe_rate
 
     dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
     model_dir = cfg.model or str(default_model_path())
@@ -215,7 +217,8 @@ def load_engine(cfg: WorkerArgs) -> tuple[Engine, float]:
     if cfg.buckets:
         engine.warmup(cfg.buckets)
     if not auto:
-        return engine, 0.0
+        # Admission in time needs a rate before the first batch: a probe batch's.
+        return engine, probe_rate(engine, engine.max_batch_tokens, engine.card.max_input_tokens)
     chosen = auto_budget(engine)
     engine.max_batch_tokens = chosen.tokens
     return engine, chosen.tokens_per_s

@@ -42,7 +42,6 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,6 +66,7 @@ from launch.ingress_role import API_KEY_ENV, SECRET_ENV, api_key
 from launch.options import LaunchArgs, ingress_procs
 from launch.ports import check_endpoint_free, check_port_free
 from launch.readiness import wait_listening, wait_ready
+from launch.tmpdirs import private_dir
 
 __all__ = [
     "RoleFailed",
@@ -110,7 +110,7 @@ def run_all(args: LaunchArgs) -> int:
             print(f"embedmesh serving {model} at {url} ({_sizes(args)})", flush=True)
             print(f"embedmesh broker frontend (MeshClient): {frontend}", flush=True)
 
-    return _supervise(args, "embedmesh-", start)
+    return _supervise(args, "", start)
 
 
 def run_ingress_group(args: LaunchArgs) -> int:
@@ -127,19 +127,21 @@ def run_ingress_group(args: LaunchArgs) -> int:
             procs = ingress_procs(args)
             print(f"embedmesh ingress serving at {url} ({procs} processes)", flush=True)
 
-    return _supervise(args, "embedmesh-ingress-", start)
+    return _supervise(args, "ingress", start)
 
 
 def _supervise(
     args: LaunchArgs,
-    prefix: str,
+    kind: str,
     start: Callable[[Path, Path | None, list[Child], Event], None],
 ) -> int:
     """Check the ports, ``start`` the children (into the list, so that whatever started is
     stopped whatever happens next) and wait until they are up, then watch them until a signal
-    (exit 0) or a failure (exit 1). Our temp dir (ipc endpoints, shared metrics) goes at exit."""
+    (exit 0) or a failure (exit 1). Our temp dir (ipc endpoints, shared metrics; named after
+    ``kind`` and our pid, ``launch.tmpdirs``) goes at exit; those of launchers killed before
+    they could remove theirs go at our start."""
     stop, hurry = _stop_on_signals()
-    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    tmp = private_dir(kind)
     children: list[Child] = []
     grace = args.ingress.drain_grace
     try:

@@ -512,9 +512,10 @@ class WorkerReady(Message):
     # before the field).
     live_credits: int = 0
     live_tokens: int = 0
-    # Tokens per second it computes full batches at, as it measured at start
-    # (``--max-batch-tokens auto``): the broker's estimate of its speed until batches teach
-    # it one. 0: not measured.
+    # Tokens per second of compute it measured at start: the rate of the budget
+    # ``--max-batch-tokens auto`` chose, else of a probe batch (``mesh.worker.probe``: smaller
+    # than a serving batch, so at most its bulk rate). The broker's estimate of its speed, for
+    # bulk caps and admission in time, until its batches teach it one. 0: not measured.
     tokens_per_s: float = 0.0
 
     def validate(self) -> None:

@@ -10,9 +10,12 @@ Time never comes from a clock here: every method that needs it takes ``now``, so
 
 Admission is measured in time as well as tokens: with the model's drain rate known (the sum of
 its workers' compute rates, which the caller passes in), a request is refused when the work
-queued ahead of it in its lane plus its own would not be done within its deadline. It would
-fail with 504 after waiting anyway; a 429 now, with a Retry-After of the excess, lets the client
-back off or go elsewhere. The token cap stays as the memory bound.
+queued ahead of it in its lane plus its own would not be done within its deadline (a request
+alone in its lane: LONE_SLACK times its deadline). It would fail with 504 after waiting
+anyway; a 429 now, with a Retry-After of the excess, lets the client back off or go elsewhere.
+The token cap stays as the memory bound. Until a worker has run large batches, its rate is
+the one it timed on a probe batch at start (``mesh.broker.registry``), so this holds from
+the first request of a fresh mesh.
 
 A request is live from ``submit`` until it ends: completed, cancelled, expired, refused (head
 longer than a whole batch), failed (a batch gave up) or drained (its model lost every worker).
@@ -36,14 +39,18 @@ from proto_msgs import Lane
 RATE_WINDOW_S = 1.0  # period over which the drain rate behind Retry-After is measured; 0.5..5
 RETRY_AFTER_DEFAULT_S = 1.0  # Retry-After before any batch of the model was formed
 RETRY_AFTER_MAX_S = 30.0  # a longer wait is better told as "try another broker"; 10..120
+# A request alone in its lane is refused only when its own work, at the drain rate, would take
+# this many times its time budget; 1.2..3 is reasonable (the rate may be a probe's estimate).
+LONE_SLACK = 1.5
 COMPACT_AFTER = 1024  # ended spans a lane holds before it is rebuilt without them
 
 
 class Overloaded(errors.Overloaded):
     """Admission refused: the model's queued tokens would pass ``max_queued_tokens``."""
 
-    def __init__(self, model: str, retry_after_s: float) -> None:
-        super().__init__(f"model {model!r} is overloaded", retry_after_s=retry_after_s)
+    def __init__(self, model: str, retry_after_s: float, why: str = "") -> None:
+        why = f": {why}" if why else ""
+        super().__init__(f"model {model!r} is overloaded{why}", retry_after_s=retry_after_s)
 
 
 class RequestTooLarge(errors.TooLarge):
@@ -134,20 +141,35 @@ class Queue:
         excess = sum(mq.tokens) + total - self.max_queued_tokens
         if excess > 0:
             raise Overloaded(request.model, mq.retry_after(excess))
-        ahead = _ahead(mq, request.lane)
-        if drain_rate > 0.0 and ahead > 0:
-            # Only with work ahead: a request alone in its lane always gets its chance (the
-            # rate is an estimate, and its own deadline still bounds it).
-            budget = request.deadline - now if request.deadline is not None else self.max_wait_s
-            late = (ahead + total) / drain_rate - budget
-            if late > 0:
-                retry = min(RETRY_AFTER_MAX_S, max(0.1, late))
-                raise Overloaded(request.model, retry)
+        if drain_rate > 0.0:
+            self._admit_in_time(request, mq, total, now, drain_rate)
         self.requests.add(request)
         if request.lane == Lane.INTERACTIVE:
             mq.live_at = now
         mq.lanes[request.lane].append(Slice(request, 0, request.n_sequences, 0))
         self._count(mq, request, request.n_sequences, total, 1)
+
+    def _admit_in_time(
+        self, request: Request, mq: _ModelQueue, total: int, now: float, drain_rate: float
+    ) -> None:
+        """Overloaded when the work ahead of ``request`` in its lane plus its own would end
+        past its deadline at ``drain_rate``. A request alone in its lane gets the benefit of
+        the doubt (the rate is an estimate, and its own deadline still bounds it): it is
+        refused only past LONE_SLACK times its time budget, where it would surely end in 504
+        after holding the workers all that time."""
+        ahead = _ahead(mq, request.lane)
+        budget = request.deadline - now if request.deadline is not None else self.max_wait_s
+        if ahead == 0:
+            budget *= LONE_SLACK
+        need = (ahead + total) / drain_rate
+        if need <= budget:
+            return
+        if ahead:
+            why = f"this request would end about {need:.0f}s from now, past its deadline"
+        else:
+            why = (f"this request alone is about {need:.0f}s of work at its workers' rate, far "
+                   "past its deadline; send fewer inputs per request")  # fmt: skip
+        raise Overloaded(request.model, min(RETRY_AFTER_MAX_S, max(0.1, need - budget)), why)
 
     def cancel(self, key: RequestKey) -> bool:
         """End a live request at the client's wish; False if it already ended or never was."""

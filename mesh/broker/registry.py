@@ -150,7 +150,9 @@ class Registry:
 
     def drain_rate(self, model: str) -> float:
         """Tokens per second the model's workers compute together, from the rates their large
-        batches ran at; 0 while no worker of it has run one (admission in time then waits)."""
+        batches ran at; a worker that has run none yet counts with the rate it measured at
+        start (``WorkerReady.tokens_per_s``), so that admission in time holds from the first
+        request of a fresh mesh; 0 while no worker of it has a rate."""
         return sum(w.rate for w in self.workers.values() if w.model.name == model)
 
     def catalog(self) -> list[ModelInfo]:

@@ -71,6 +71,7 @@ from mesh.ingress.http_errors import (
     route_family,
 )
 from mesh.ingress.metrics import CONTENT_TYPE, IngressMetrics
+from mesh.ingress.responses import ResponseBudget
 from mesh.ingress.schema import PRIORITY_HEADER, parse_embeddings_request
 from mesh.ingress.state import (
     STATE,
@@ -106,7 +107,8 @@ def create_app(cfg: IngressConfig, client: MeshClient | None = None) -> web.Appl
             default_timeout_s=cfg.request_timeout_s,
             prefetch_tokenizers=True,
         )
-    state = IngressState(cfg, client, Catalog(client), IngressMetrics(client), owns)
+    responses = ResponseBudget(cfg.response_budget_bytes, cfg.max_response_bytes)
+    state = IngressState(cfg, client, Catalog(client), IngressMetrics(client), owns, responses)
     app = web.Application(
         client_max_size=cfg.max_body_bytes, middlewares=[_observe, _errors, _auth]
     )

@@ -15,6 +15,28 @@ DRAIN_GRACE_S = 30.0
 # A request body must arrive within this long of its headers, else 408: a client that stalls
 # must not hold a connection (and, during a drain, the stop) for ever; 5..120 is reasonable.
 BODY_TIMEOUT_S = 30.0
+# mesh.ingress.connections: once a request's first byte came, its headers must arrive within
+# HEADER_TIMEOUT_S (else 408; nginx's client_header_timeout is 60 s, Node's 60 s; 5..60 is
+# reasonable); a connection without a request running closes after IDLE_TIMEOUT_S (nginx's
+# keepalive_timeout; keep it above a load balancer's idle timeout; 5..600); past
+# MAX_CONNECTIONS open connections a process answers new ones 503 (1024..65536).
+HEADER_TIMEOUT_S = 10.0
+IDLE_TIMEOUT_S = 75.0
+MAX_CONNECTIONS = 4096
+
+
+# mesh.ingress.responses: the bytes of one response at most (else 413; 2048 inputs x 4096
+# dimensions as JSON floats are ~117 MB) and of all the responses one process builds and
+# sends at once (else 429); the second at least the first; 16 MiB..2 GiB is reasonable.
+MAX_RESPONSE_BYTES = 128 << 20
+RESPONSE_BUDGET_BYTES = 384 << 20
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    idle_timeout_s: float = IDLE_TIMEOUT_S
+    max_connections: int = MAX_CONNECTIONS
 
 
 def tokenize_processes_from_env() -> int:
@@ -47,6 +69,10 @@ class IngressConfig:
     reuse_port: bool = False
     drain_grace_s: float = DRAIN_GRACE_S
     body_timeout_s: float = BODY_TIMEOUT_S
+    # Header-read and idle timeouts, the cap on open connections (mesh.ingress.connections).
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    max_response_bytes: int = MAX_RESPONSE_BYTES
+    response_budget_bytes: int = RESPONSE_BUDGET_BYTES
     # The Files and Batches API's store and runner; None: those routes answer 503.
     jobs: JobsConfig | None = None
 

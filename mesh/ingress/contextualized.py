@@ -105,6 +105,7 @@ async def _contextualized(request: web.Request) -> web.Response:
         state.client, documents, req.model, dims=req.dimensions,
         kind=ENCODINGS[req.encoding_format], lane=req.priority,
     )  # fmt: skip
+    state.responses.reserve(valid, req.encoding_format)
     prepared = time.perf_counter()
     result = await state.client.submit(valid, cfg.request_timeout_s)
     meshed = time.perf_counter()

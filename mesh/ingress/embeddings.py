@@ -30,6 +30,7 @@ async def embed(state: IngressState, req: EmbeddingsRequest, parsed_s: float) ->
     """Resolve, validate and tokenize ``req`` once, run it on the mesh, render the answer.
     ``parsed_s``: when the body was parsed (perf_counter), for the tokenize metric."""
     valid = await front_door(state, req)
+    state.responses.reserve(valid, req.encoding_format)  # 413 / 429 before the mesh's work
     prepared = time.perf_counter()
     result = await state.client.submit(valid, state.cfg.request_timeout_s)
     meshed = time.perf_counter()

@@ -148,6 +148,7 @@ async def _token_vectors(
     else:  # input_type changes nothing for bge-m3: its queries and documents encode alike
         valid = await tei._front_door(state, request.app[tei._TOKENIZERS], info, req, lane)
         valid = rows(valid)
+    state.responses.reserve(valid, encoding_format)
     prepared = time.perf_counter()
     result = await state.client.submit(valid, cfg.request_timeout_s)
     meshed = time.perf_counter()

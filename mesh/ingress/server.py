@@ -12,7 +12,9 @@ The drain, on ``stop`` (SIGTERM or SIGINT):
 4. then the connections close, what still runs after the grace is cancelled, and the mesh
    client closes.
 
-Every request body must also arrive within ``body_timeout_s`` of its headers, else 408.
+Every request body must also arrive within ``body_timeout_s`` of its headers, else 408. The
+headers' own timeout, the idle timeout and the cap on open connections:
+``mesh.ingress.connections``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from aiohttp import web
 from mesh.client import MeshClient
 from mesh.ingress.app import STATE, create_app
 from mesh.ingress.config import IngressConfig
+from mesh.ingress.connections import Guard, GuardedSite, handler_kwargs, raise_fd_limit
 from mesh.ingress.http_errors import ApiError, error_response, route_family
 from mesh.ingress.metrics import multiprocess_dir
 
@@ -73,12 +76,15 @@ async def serve(
     # Inside the app's first middleware (which counts and times every request, so 408 and 503
     # are counted) and outside its error mapping (our answers are final).
     app.middlewares.insert(1, gate.middleware)
+    guard = Guard(cfg.connection_limits)
+    kwargs = handler_kwargs(guard.limits)  # the idle timeout, no access log
+    raise_fd_limit(guard.limits.max_connections)
     # handler_cancellation: a client that hangs up cancels its handler, hence its mesh work.
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
-        access_log=None,  # /metrics counts every request; a log line each costs at load
         shutdown_timeout=CUT_S,  # our drain has already waited the grace
+        **kwargs,
     )
     # One of several processes: keep our share of the per-process gauges fresh for scrapes
     # that reach a sibling. Alone, a scrape of this process refreshes them itself.
@@ -86,8 +92,8 @@ async def serve(
     try:
         await runner.setup()
         await _wait_catalog(client, cfg.liveness.expiry_s)
-        site = web.TCPSite(
-            runner, cfg.http_host, cfg.http_port, reuse_address=True, reuse_port=cfg.reuse_port
+        site = GuardedSite(
+            runner, cfg.http_host, cfg.http_port, guard, kwargs, reuse_port=cfg.reuse_port
         )
         await site.start()
         if cfg.api_key is None and not _is_loopback(cfg.http_host):

@@ -19,6 +19,7 @@ from mesh.ingress.catalog import Catalog
 from mesh.ingress.config import IngressConfig
 from mesh.ingress.http_errors import ApiError
 from mesh.ingress.metrics import IngressMetrics
+from mesh.ingress.responses import ResponseBudget
 from proto_msgs import OUTPUT_KINDS, Lane
 
 
@@ -29,6 +30,7 @@ class IngressState:
     catalog: Catalog
     metrics: IngressMetrics
     owns_client: bool
+    responses: ResponseBudget  # the bytes of responses being built and sent
 
 
 STATE = web.AppKey("embedmesh_ingress", IngressState)

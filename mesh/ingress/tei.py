@@ -159,6 +159,7 @@ async def _embed(request: web.Request) -> web.Response:
     info = model_for(state, request)
     parsed = time.perf_counter()
     valid = await _front_door(state, request.app[_TOKENIZERS], info, req, lane)
+    state.responses.reserve(valid, "float")
     prepared = time.perf_counter()
     result = await state.client.submit(valid, cfg.request_timeout_s)
     meshed = time.perf_counter()

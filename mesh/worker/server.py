@@ -106,7 +106,7 @@ class WorkerOptions:
     profile_out: str | None = None  # diagnostics: cProfile the compute loop, stats here
     # Exit (EXIT_HUNG) after holding batches this long with none answered; 0 = never.
     watchdog_s: float = WORKER_WATCHDOG_S
-    # The rate ``--max-batch-tokens auto`` measured at the budget (WorkerReady.tokens_per_s).
+    # The rate it measured at start (WorkerReady.tokens_per_s): the auto sweep's, or a probe's.
     tokens_per_s: float = 0.0
 
 

@@ -27,6 +27,8 @@ from tests.e2e.conftest import (
     wait_until,
 )
 
+FILLER_TIMEOUT_S = 900.0
+
 
 async def post(url: str, body: object = None, *, data: bytes | None = None, headers=AUTH):
     async with (
@@ -137,11 +139,16 @@ async def test_auto_truncate_cuts_long_inputs_where_sentence_transformers_does(
 async def test_an_overloaded_broker_is_429_with_retry_after(
     ingress: Ingress, e2e_mesh: Mesh
 ) -> None:
-    async with MeshClient(e2e_mesh.frontend, liveness=TEST_LIVENESS) as stats:
+    async with (
+        MeshClient(e2e_mesh.frontend, liveness=TEST_LIVENESS) as stats,
+        # The filler's own timeout long enough that admission in time, at however slow this
+        # machine's worker is, admits it alone (FILLER_TIMEOUT_S x the lone slack).
+        in_process_ingress(e2e_mesh, request_timeout_s=FILLER_TIMEOUT_S) as (patient, _),
+    ):
         await stats.wait_ready(10, MODEL)
         # One request that fills most of the queue (294k of 300k tokens; the worker needs
         # a minute for it), then one that cannot fit until ~60k tokens have drained.
-        filler = asyncio.create_task(post(ingress.url, big_token_request(1150, seed=1)))
+        filler = asyncio.create_task(post(patient, big_token_request(1150, seed=1)))
         await wait_until(lambda: queued_sequences(stats) > 1000, 60, "the filler is queued")
         status, doc, headers = await post(ingress.url, big_token_request(250, seed=2))
         assert_error(status, doc, 429, "overloaded")
@@ -152,7 +159,17 @@ async def test_an_overloaded_broker_is_429_with_retry_after(
 
 
 async def test_a_request_past_its_deadline_is_504(e2e_mesh: Mesh) -> None:
-    async with in_process_ingress(e2e_mesh, request_timeout_s=1.0) as (url, client):
-        status, doc, _ = await post(url, big_token_request(400, seed=3))
+    """A query admitted in time (a few tokens, nothing ahead in its lane) that then waits
+    past its short deadline behind the bulk batches the worker already holds. (A request
+    whose own work is far past its deadline is refused up front instead: 429,
+    tests/integration/test_cold_admission.py.)"""
+    async with (
+        in_process_ingress(e2e_mesh, request_timeout_s=FILLER_TIMEOUT_S) as (patient, client),
+        in_process_ingress(e2e_mesh, request_timeout_s=0.1) as (url, _),
+    ):
+        filler = asyncio.create_task(post(patient, big_token_request(400, seed=3)))
+        await wait_until(lambda: queued_sequences(client) > 100, 60, "the bulk work is queued")
+        status, doc, _ = await post(url, {"model": MODEL, "input": "a short query"})
         assert_error(status, doc, 504, "deadline_exceeded")
-        await wait_until(lambda: idle(client), 30, "the expired work leaves the queue")
+        filler.cancel()
+        await wait_until(lambda: idle(client), 60, "the bulk work leaves the queue")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.broker.queue import Lane, Overloaded, Queue
+from mesh.broker.queue import LONE_SLACK, Lane, Overloaded, Queue
 from mesh.broker.registry import Registry
 from tests.unit.broker import fakes
 
@@ -25,11 +25,22 @@ def test_a_request_whose_wait_passes_its_deadline_is_refused_with_the_excess_as_
     assert queue.queued_tokens("m") == 1500
 
 
-def test_a_request_alone_in_its_lane_is_admitted_however_slow_the_workers():
+def test_a_request_alone_in_its_lane_gets_the_benefit_of_the_doubt_up_to_the_slack():
     queue = Queue(BIG)
-    request = _request(lengths=[10_000], lane=Lane.BATCH, deadline=1.0)
-    queue.submit(request, now=0.0, drain_rate=1.0)  # 10 000 s of work, nothing ahead: its chance
-    assert queue.queued_tokens("m") == 10_000
+    # 14 s of work for a 10 s deadline, nothing ahead: the rate is an estimate, its chance.
+    request = _request(lengths=[1400], lane=Lane.BATCH, deadline=10.0)
+    queue.submit(request, now=0.0, drain_rate=100.0)
+    assert queue.queued_tokens("m") == 1400
+    assert 10.0 < 1400 / 100.0 <= 10.0 * LONE_SLACK  # over its deadline, within the slack
+
+
+def test_a_request_alone_that_could_never_end_in_time_is_refused_up_front():
+    queue = Queue(BIG)
+    lone = _request(lengths=[10_000], lane=Lane.BATCH, deadline=1.0)  # 10 000 s of work
+    with pytest.raises(Overloaded) as exc:
+        queue.submit(lone, now=0.0, drain_rate=1.0)
+    assert exc.value.retry_after_s > 0
+    assert queue.queued_tokens("m") == 0
 
 
 def test_an_interactive_request_waits_only_behind_interactive_work(make_request):
@@ -68,6 +79,17 @@ def test_the_drain_rate_is_the_sum_of_the_model_s_workers_learned_rates():
     b.note_compute(8192, 1000.0)
     assert registry.drain_rate("m") == pytest.approx(4096 + 8192)
     assert registry.drain_rate("other") == 0.0
+
+
+def test_a_fresh_worker_counts_with_its_measured_rate_until_it_has_a_learned_one():
+    registry = Registry()
+    probed = fakes.ready(fakes.card("m"))
+    probed.tokens_per_s = 1000.0  # the probe batch's (or the auto sweep's) rate
+    a = registry.add(b"a", probed, now=0.0, liveness=3)
+    registry.add(b"b", fakes.ready(fakes.card("m")), now=0.0, liveness=3)  # no probe: 0
+    assert registry.drain_rate("m") == pytest.approx(1000.0)
+    a.note_compute(4096, 1000.0)  # served batches replace the probe's estimate
+    assert registry.drain_rate("m") == pytest.approx(4096.0)
 
 
 def _request(lengths, lane, deadline):

@@ -158,6 +158,24 @@ def test_drain_grace_and_body_timeout_reach_the_config() -> None:
     assert (cfg.drain_grace_s, cfg.body_timeout_s) == (5.0, 2.5)
 
 
+def test_connection_limits_reach_the_config_and_the_ingresses_of_role_all() -> None:
+    from launch.supervisor import role_commands
+
+    limits = ingress_config(params(), Liveness()).connection_limits
+    assert (limits.header_timeout_s, limits.idle_timeout_s, limits.max_connections) == (
+        10.0, 75.0, 4096,
+    )  # fmt: skip
+    given = ("--header-timeout", "2", "--idle-timeout", "30", "--max-connections", "64")
+    limits = ingress_config(params(*given), Liveness()).connection_limits
+    assert (limits.header_timeout_s, limits.idle_timeout_s, limits.max_connections) == (
+        2.0, 30.0, 64,
+    )  # fmt: skip
+    cmds = role_commands(_all_opts(*given), "ipc:///t/front", "ipc:///t/back")
+    args = cmds["ingress"] if "ingress" in cmds else cmds["ingress-0"]
+    assert args[args.index("--max-connections") + 1] == "64"
+    assert args[args.index("--header-timeout") + 1] == "2.0"
+
+
 def test_tei_model_reaches_the_config_and_the_ingresses_of_role_all() -> None:
     from launch.supervisor import role_commands
 
