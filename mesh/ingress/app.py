@@ -91,6 +91,7 @@ __all__ = ["INTERACTIVE_MAX_TOKENS", "STATE", "TIMINGS_HEADER", "create_app"]
 TIMINGS_HEADER = "X-Embedmesh-Timings"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+LIVENESS_PATH = "/health/live"  # answered while the process drains too (server.py)
 
 
 def create_app(cfg: IngressConfig, client: MeshClient | None = None) -> web.Application:
@@ -118,7 +119,7 @@ def create_app(cfg: IngressConfig, client: MeshClient | None = None) -> web.Appl
     app.router.add_get("/v1/models/{model:.+}", _get_model)
     app.router.add_get("/health", _health)
     app.router.add_get("/health/ready", _health)  # Kubernetes' readiness, by its usual name
-    app.router.add_get("/health/live", _live)
+    app.router.add_get(LIVENESS_PATH, _live)
     app.router.add_get("/", _health)  # TEI's health route too (POST / is TEI's embed)
     app.router.add_get("/metrics", _metrics)
     tei.add_routes(app)

@@ -30,7 +30,7 @@ import zmq
 from aiohttp import web
 
 from mesh.client import MeshClient
-from mesh.ingress.app import STATE, create_app
+from mesh.ingress.app import LIVENESS_PATH, STATE, create_app
 from mesh.ingress.config import IngressConfig
 from mesh.ingress.connections import Guard, GuardedSite, handler_kwargs, raise_fd_limit
 from mesh.ingress.http_errors import ApiError, error_response, route_family
@@ -135,7 +135,9 @@ class Gate:
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         self.last_arrival = time.monotonic()
-        if self.draining:
+        # Liveness is answered while draining too: a draining process is sound, and a probe
+        # that restarted it would cut the drain short.
+        if self.draining and request.path != LIVENESS_PATH:
             return await self._refuse(request)
         self.in_flight += 1
         try:
