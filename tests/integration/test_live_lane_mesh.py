@@ -31,7 +31,9 @@ def _vectors(body: bytes) -> np.ndarray:
 def test_queries_beside_bulk_on_a_live_lane_come_back_right(tmp_path: Path) -> None:
     run = start(
         tmp_path,
-        "--live-lane", "on", "--threads", "1", "--http-port", str(free_port()),
+        # A fixed budget: auto's choice depends on the host, and the lane's size on the budget.
+        "--live-lane", "on", "--threads", "1", "--max-batch-tokens", "2048",
+        "--http-port", str(free_port()),
         "--log-level", "INFO",
     )  # fmt: skip
     try:
