@@ -29,8 +29,9 @@ class WorkerState:
     live_tokens: int = 0  # the largest batch its live lane runs
     batches_done: int = 0  # results it returned (mesh.broker.stats counts them)
     tokens_done: int = 0
-    # The rate is the worker's own measure from READY, not yet learned from its batches: the
-    # first batch that teaches replaces it (measured at start, maybe beside a busy host).
+    # The rate is the worker's own measure from READY, not yet learned from its batches. The
+    # first batch that teaches keeps the higher of the two: a disturbance only ever makes a
+    # measure slow (the sweep beside a busy start, the first batch run cold).
     rate_announced: bool = False
 
     @property
@@ -47,9 +48,11 @@ class WorkerState:
         # floor maybe: any with batch-lane work teaches, or a rate too low would keep them too
         # small to correct it. Batches of n tokens measure n / (c + n / R) for a fixed cost c
         # of a few ms on a CPU and a peak R, so rate and cap climb together to R x (bound - c):
-        # they settle, never shrink away. Queries alone (10-30 tokens, mostly c) do not teach.
+        # they settle, never shrink away. Otherwise a batch under half the budget (queries,
+        # mostly c) does not teach: its rate is far below what the queue drains at, and
+        # admission in time would refuse work the workers finish well within its deadline.
         bounded = self.on_cpu and bulk_tokens > 0
-        if tokens < min(RATE_MIN_BATCH_TOKENS, self.max_batch_tokens // 8) and not bounded:
+        if tokens < min(RATE_MIN_BATCH_TOKENS, self.max_batch_tokens // 2) and not bounded:
             return
         # A live lane's batch, timed beside bulk, is not its rate; but a worker whose whole
         # budget fits its lane runs every batch there, and would never learn one.
@@ -59,8 +62,12 @@ class WorkerState:
         if not math.isfinite(rate):
             return
         # A moving average: one slow batch (a graph capture, a noisy neighbour) moves it a little.
-        first = self.rate == 0.0 or self.rate_announced
-        self.rate = rate if first else 0.8 * self.rate + 0.2 * rate
+        if self.rate_announced:
+            self.rate = max(self.rate, rate)
+        elif self.rate == 0.0:
+            self.rate = rate
+        else:
+            self.rate = 0.8 * self.rate + 0.2 * rate
         self.rate_announced = False
 
     def bulk_cap(self, batches: float, live_ms: float) -> int:

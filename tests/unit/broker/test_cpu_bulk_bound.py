@@ -74,7 +74,7 @@ def test_the_bound_follows_the_rate_the_batches_teach() -> None:
         h.back.push(b"w1", faster)
         h.pump()
     [worker] = h.broker.registry.workers.values()
-    assert worker.rate == pytest.approx(1536.0)  # the first batch replaced the announced rate
+    assert worker.rate == pytest.approx(1536.0)  # the first batch's, higher than announced
     assert sizes[0] <= CAP + 16 < sizes[-1] <= int(worker.rate * 0.1) + 16
 
 

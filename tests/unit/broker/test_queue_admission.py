@@ -6,6 +6,7 @@ import pytest
 
 from mesh.broker.queue import LONE_SLACK, Lane, Overloaded, Queue
 from mesh.broker.registry import Registry
+from mesh.broker.requests import Request
 from tests.unit.broker import fakes
 
 BIG = 10**9
@@ -103,14 +104,14 @@ def test_the_broker_refuses_in_time_once_it_knows_its_worker_s_rate_and_says_so_
 
     h = fakes.Harness()
     h.add_worker()  # budget 64 tokens, 1 credit
-    # Teach the broker the worker's rate: a 16-token batch computed in 1000 ms = 16 tok/s.
-    h.submit(fakes.submit(1, [16]))
+    # Teach the broker the worker's rate: a 32-token batch computed in 1000 ms = 32 tok/s.
+    h.submit(fakes.submit(1, [16, 16]))
     [(_, batch)] = h.back.take(BatchAssign)
     result = fakes.answer(batch)
     result.compute_ms = 1000.0
     h.back.push(b"w1", result)
     h.pump()
-    # 10 sequences of 16 tokens: 160 tokens, 10 s at 16 tok/s; each with a 4 s deadline.
+    # 10 sequences of 16 tokens: 160 tokens, 5 s at 32 tok/s; each with a 4 s deadline.
     for cid in range(2, 12):
         msg = fakes.submit(cid, [16], lane=1)
         msg.timeout_ms = 4000
@@ -123,3 +124,24 @@ def test_the_broker_refuses_in_time_once_it_knows_its_worker_s_rate_and_says_so_
     [(_, pong)] = h.front.take(Pong)
     interactive_s, batch_s = pong.stats.backlog_s[fakes.MODEL]
     assert interactive_s == 0.0 and 0.0 < batch_s <= 4.0
+
+
+def test_a_cold_first_batch_or_a_few_queries_do_not_sink_the_rate_admission_runs_on():
+    # A CPU worker on a busy host: the sweep chose 256 tokens at 2,900 tok/s; its first batch
+    # ran cold and its queries are mostly fixed cost. Taken as its rate, either made a 14k-token
+    # request look like minutes of work and refused it, where the worker takes seconds.
+    registry = Registry()
+    announced = fakes.ready(fakes.card("m"), max_batch_tokens=256)
+    announced.tokens_per_s = 2900.0
+    worker = registry.add(b"a", announced, now=0.0, liveness=3)
+    worker.note_compute(72, 500.0)  # four queries: under half the budget, no rate
+    assert worker.rate == 2900.0
+    worker.note_compute(200, 500.0)  # the first large batch, cold: 400 tok/s
+    assert worker.rate == 2900.0
+    queue = Queue(BIG)
+    queue.submit(_request([72], Lane.INTERACTIVE, 120.0), 0.0, registry.drain_rate("m"))
+    heavy = Request((b"i", 2), "m", Lane.INTERACTIVE, [18] * 800, 120.0, 0.0)
+    queue.submit(heavy, 0.0, registry.drain_rate("m"))  # 14,472 tokens ahead and its own: 5 s
+    # Later batches teach as any batch does: a slower one moves the rate a fifth of the way.
+    worker.note_compute(256, 256.0)
+    assert worker.rate == pytest.approx(0.8 * 2900 + 0.2 * 1000)
