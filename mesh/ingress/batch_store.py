@@ -13,6 +13,7 @@ import asyncio
 import logging
 import sqlite3
 import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,6 +40,33 @@ STORE_THREADS = 3
 UPLOAD_THREADS = 8
 
 
+class UploadRoom:
+    """The bytes this process's uploads are writing, and those it finished writing, so that
+    uploads at once share ``--max-state-bytes`` instead of each taking the room it saw at its
+    start. The bound is exact within a process; processes uploading at the same moment each
+    count the others' files only once they are stored."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.writing = 0  # bytes of uploads in progress
+        self.written = 0  # bytes of finished uploads, ever (a mark subtracts what it saw)
+
+    def used_since(self, mark: int) -> int:
+        """Bytes in flight plus those stored by this process since ``mark`` (``written``)."""
+        with self._lock:
+            return self.writing + self.written - mark
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.writing += n
+
+    def end(self, n: int, stored: bool) -> None:
+        with self._lock:
+            self.writing -= n
+            if stored:
+                self.written += n
+
+
 class Jobs:
     """One process's handle on the store."""
 
@@ -46,6 +74,7 @@ class Jobs:
         self.cfg = cfg
         self._store: JobStore | None = None
         self.progress = BatchProgress()  # /metrics' gauges, refreshed by the runner
+        self.room = UploadRoom()
         self._pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="embedmesh-jobs")
         self._uploads = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="embedmesh-upload")
         self._opening = asyncio.Lock()

@@ -10,12 +10,13 @@ content of a file (an output file may be GBs) streams back the same way.
 from __future__ import annotations
 
 import asyncio
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from aiohttp import BodyPartReader, web
 
 from mesh.ingress.batch_store import (
     Jobs,
+    UploadRoom,
     invalid,
     jobs_of,
     page_args,
@@ -38,17 +39,57 @@ def add_routes(app: web.Application) -> None:
     app.router.add_delete("/v1/files/{file_id}", _delete)
 
 
+class StorageFull(Exception):
+    """The upload would take the state past ``--max-state-bytes``."""
+
+
 class _PartStream:
     """A multipart part read as a blocking file by the store's thread: each ``read`` waits
-    for the event loop to receive the next block."""
+    for the event loop to receive the next block. With ``quota``, each block is counted in
+    the process's UploadRoom, and one past the room raises StorageFull (the store then drops
+    what it wrote)."""
 
-    def __init__(self, part: BodyPartReader, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        part: BodyPartReader,
+        loop: asyncio.AbstractEventLoop,
+        quota: _Quota | None = None,
+    ) -> None:
         self.part = part
         self.loop = loop
+        self.quota = quota
+        self.size = 0
 
     def read(self, size: int = BLOCK) -> bytes:
         future = asyncio.run_coroutine_threadsafe(self.part.read_chunk(size), self.loop)
-        return future.result()
+        block = future.result()
+        self.size += len(block)
+        if self.quota is not None:
+            self.quota.take(len(block))
+        return block
+
+
+class _Quota:
+    """One upload's share of ``--max-state-bytes``: the room left when it started (what the
+    store held then) less what this process's uploads wrote since."""
+
+    def __init__(self, room: UploadRoom, limit: int, used_at_start: int, mark: int) -> None:
+        self.room = room
+        self.limit = limit
+        self.used_at_start = used_at_start
+        self.mark = mark  # room.written before the store was asked: nothing falls between
+        self.taken = 0
+
+    def take(self, n: int) -> None:
+        self.room.add(n)
+        self.taken += n
+        if self.used_at_start + self.room.used_since(self.mark) > self.limit:
+            self.end(False)  # its room goes back now, before the other uploads' next blocks
+            raise StorageFull
+
+    def end(self, stored: bool) -> None:
+        self.room.end(self.taken, stored)
+        self.taken = 0
 
 
 async def _upload(request: web.Request) -> web.Response:
@@ -88,24 +129,30 @@ def _check_purpose(purpose: str) -> None:
 
 async def _store_part(jobs: Jobs, part: BodyPartReader, filename: str):  # noqa: ANN202
     cfg = jobs.cfg
-    limit, room = cfg.max_file_bytes, None
+    quota = None
     if cfg.max_state_bytes:
+        mark = jobs.room.written
         used = await jobs.call(lambda s: s.stored_bytes(), create=True)
-        room = cfg.max_state_bytes - used
-        if room <= 0:
+        quota = _Quota(jobs.room, cfg.max_state_bytes, used, mark)
+        if quota.used_at_start + jobs.room.used_since(quota.mark) >= cfg.max_state_bytes:
             raise _storage_full(cfg.max_state_bytes)
-        limit = min(limit, room)
-    stream: BinaryIO = _PartStream(part, asyncio.get_running_loop())  # type: ignore[assignment]
+    stream = _PartStream(part, asyncio.get_running_loop(), quota)
+    stored = False
     try:
         store = await jobs.store()
-        return await jobs.upload(
+        made = await jobs.upload(
             lambda: store.create_file(
-                stream, filename=filename, purpose=FilePurpose.BATCH, max_bytes=limit
+                cast("BinaryIO", stream),
+                filename=filename,
+                purpose=FilePurpose.BATCH,
+                max_bytes=cfg.max_file_bytes,
             )
         )
+        stored = True
+        return made
+    except StorageFull:
+        raise _storage_full(cfg.max_state_bytes) from None
     except TooLarge:
-        if room is not None and room < cfg.max_file_bytes:
-            raise _storage_full(cfg.max_state_bytes) from None
         raise ApiError.too_large(
             f"the file is over the limit of {cfg.max_file_bytes} bytes (--max-batch-file-bytes)",
             "file",
@@ -114,6 +161,9 @@ async def _store_part(jobs: Jobs, part: BodyPartReader, filename: str):  # noqa:
         if unreachable(exc):
             raise store_unavailable(exc) from None
         raise
+    finally:
+        if quota is not None:
+            quota.end(stored)
 
 
 def _storage_full(limit: int) -> ApiError:
