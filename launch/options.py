@@ -277,7 +277,7 @@ class IngressArgs:
         "and workers; 0..19, 5 is reasonable beside a GPU worker.", "ingress",
         click.IntRange(0, 19), expert=True)  # fmt: skip
     body_timeout: float = opt(BODY_TIMEOUT_S, "Seconds a request body may take to arrive after "
-        "its headers (then 408).", "ingress", POSITIVE, expert=True)  # fmt: skip
+        "its headers (then 408); a file upload may take longer while it keeps arriving.", "ingress", POSITIVE, expert=True)  # fmt: skip
     drain_grace: float = opt(DRAIN_GRACE_S, "On SIGTERM, seconds accepted requests get to "
         "finish before the ingress exits (new ones are refused).", "ingress", NON_NEGATIVE,
         expert=True)  # fmt: skip

@@ -29,10 +29,12 @@ from mesh.jobs import FilePurpose, Page, TooLarge
 
 BLOCK = 1 << 20
 INSUFFICIENT_STORAGE = 507
+# The upload route: its body only has to keep arriving (mesh.ingress.server's body timeout).
+UPLOAD_PATH = "/v1/files"
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/files", _upload)
+    app.router.add_post(UPLOAD_PATH, _upload)
     app.router.add_get("/v1/files", _list)
     app.router.add_get("/v1/files/{file_id}", _get)
     app.router.add_get("/v1/files/{file_id}/content", _content)

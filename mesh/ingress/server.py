@@ -12,8 +12,9 @@ The drain, on ``stop`` (SIGTERM or SIGINT):
 4. then the connections close, what still runs after the grace is cancelled, and the mesh
    client closes.
 
-Every request body must also arrive within ``body_timeout_s`` of its headers, else 408. The
-headers' own timeout, the idle timeout and the cap on open connections:
+Every request body must also arrive within ``body_timeout_s`` of its headers, else 408; a file
+upload (``POST /v1/files``, up to ``--max-batch-file-bytes``) only has to keep arriving: 408
+after ``body_timeout_s`` without a byte. The headers' own timeout, the idle timeout and the cap on open connections:
 ``mesh.ingress.connections``.
 """
 
@@ -33,6 +34,7 @@ from mesh.client import MeshClient
 from mesh.ingress.app import LIVENESS_PATH, STATE, create_app
 from mesh.ingress.config import IngressConfig
 from mesh.ingress.connections import Guard, GuardedSite, handler_kwargs, raise_fd_limit
+from mesh.ingress.files import UPLOAD_PATH
 from mesh.ingress.http_errors import ApiError, error_response, route_family
 from mesh.ingress.metrics import multiprocess_dir
 
@@ -152,20 +154,30 @@ class Gate:
         self, request: web.Request, handler: Handler
     ) -> web.StreamResponse:
         """Run ``handler``; if the body has not fully arrived ``body_timeout_s`` after the
-        headers, cancel it (it waits in its read) and answer 408 on a closing connection."""
+        headers (an upload: if no byte of it came for that long), cancel it (it waits in its
+        read) and answer 408 on a closing connection."""
         if request.content.is_eof():  # no body, or all of it is here already
             return await handler(request)
         task = asyncio.current_task()
         assert task is not None
+        loop = asyncio.get_running_loop()
+        upload = request.method == "POST" and request.path == UPLOAD_PATH
         expired = False
+        seen = request.content.total_bytes
+        timer: asyncio.TimerHandle
 
         def expire() -> None:
-            nonlocal expired
-            if not request.content.is_eof():
-                expired = True
-                task.cancel()
+            nonlocal expired, seen, timer
+            if request.content.is_eof():
+                return
+            if upload and request.content.total_bytes > seen:  # still coming: more time
+                seen = request.content.total_bytes
+                timer = loop.call_later(self.body_timeout_s, expire)
+                return
+            expired = True
+            task.cancel()
 
-        timer = asyncio.get_running_loop().call_later(self.body_timeout_s, expire)
+        timer = loop.call_later(self.body_timeout_s, expire)
         try:
             return await handler(request)
         except asyncio.CancelledError:
@@ -179,9 +191,12 @@ class Gate:
     async def _timed_out(self, request: web.Request) -> web.StreamResponse:
         """408, written out before the connection closes: aiohttp would otherwise linger up
         to 10 s reading the rest of a body that is not coming."""
+        upload = request.method == "POST" and request.path == UPLOAD_PATH
         err = ApiError(
             408,
-            f"the request body did not arrive within {self.body_timeout_s:g}s of its headers",
+            f"the upload sent nothing for {self.body_timeout_s:g}s"
+            if upload
+            else f"the request body did not arrive within {self.body_timeout_s:g}s of its headers",
             code="request_timeout",
         )
         response = error_response(err, route_family(request))

@@ -1,11 +1,14 @@
-"""The drain's gate: late work refused with 503, liveness still answered."""
+"""The drain's gate: late work refused with 503, liveness still answered; the body timeout."""
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
-from aiohttp.test_utils import make_mocked_request
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from mesh.ingress.app import LIVENESS_PATH
+from mesh.ingress.files import UPLOAD_PATH
 from mesh.ingress.server import Gate
 
 
@@ -20,3 +23,34 @@ async def test_a_draining_gate_refuses_work_but_answers_liveness() -> None:
     assert live.status == 200
     late = await gate.middleware(make_mocked_request("GET", "/health/ready"), _ok)
     assert late.status == 503
+
+
+async def _read_body(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"bytes": len(await request.read())})
+
+
+async def _post_slowly(client, path: str, pieces: int, gap_s: float, stall_s: float = 0.0):  # noqa: ANN001, ANN202
+    async def body():  # noqa: ANN202
+        for i in range(pieces):
+            await asyncio.sleep(gap_s if i else stall_s)
+            yield b"x" * 100
+
+    return await client.post(path, data=body())
+
+
+async def test_an_upload_may_take_longer_than_the_body_timeout_while_it_keeps_arriving() -> None:
+    gate = Gate(body_timeout_s=0.5)
+    app = web.Application(middlewares=[gate.middleware])
+    app.router.add_post(UPLOAD_PATH, _read_body)
+    app.router.add_post("/v1/embeddings", _read_body)
+    async with TestClient(TestServer(app)) as client:
+        # 1.6 s in all, a piece every 0.2 s: an upload goes through, another body does not.
+        upload = await _post_slowly(client, UPLOAD_PATH, 9, 0.2)
+        assert upload.status == 200 and (await upload.json())["bytes"] == 900
+        other = await _post_slowly(client, "/v1/embeddings", 9, 0.2)
+        assert other.status == 408
+        assert "within 0.5s of its headers" in (await other.json())["error"]["message"]
+        # An upload that stops arriving still ends in 408.
+        stalled = await _post_slowly(client, UPLOAD_PATH, 3, 1.5, stall_s=0.0)
+        assert stalled.status == 408
+        assert "sent nothing for 0.5s" in (await stalled.json())["error"]["message"]
