@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from aiohttp import web
 
@@ -28,7 +28,7 @@ from mesh.ingress.batch_lines import ChunkFailed, run_line, validate
 from mesh.ingress.batch_store import JOBS, Jobs
 from mesh.ingress.config import JobsConfig
 from mesh.ingress.state import STATE, IngressState
-from mesh.jobs import Batch, JobStore, Lease, LeaseLost, LineResult
+from mesh.jobs import Batch, BatchError, JobStore, Lease, LeaseLost, LineResult, NotFound
 from mesh.jobs.store import DEFAULT_LEASE_S
 
 log = logging.getLogger("embedmesh.batches")
@@ -107,7 +107,7 @@ class BatchRunner:
                 log.info("purged %d files past their retention", len(purged))
         batch = await self.jobs.run(store.claim_validation, self.owner)
         if batch is not None:
-            await self.jobs.run(_validate, store, batch)
+            await self.jobs.run(_validate, store, batch, self.owner)
             return True
         claimed = False
         # No catalog yet (a fresh process, a restarted broker): every line would be a 404.
@@ -198,23 +198,53 @@ def _sweep(store: JobStore) -> list[Batch]:
     return [store.finalize(batch_id) for batch_id in store.unfinished_batches()]
 
 
-def _validate(store: JobStore, batch: Batch) -> None:
-    """Check the input file; start the batch on it, or fail it with the errors."""
-    with store.open_file(batch.input_file_id) as src:
-        errors, tokens, inputs = validate(iter(src), batch.endpoint)
+def _validate(store: JobStore, batch: Batch, owner: str) -> None:
+    """Check the input file; start the batch on it, or fail it with the errors. The
+    validation lease is renewed while it reads (a 200 MB file takes a while); a file that
+    cannot be read (deleted, its blob gone) fails the batch at once, where retrying would
+    only fail again until the batch's window ends."""
+    try:
+        with store.open_file(batch.input_file_id) as src:
+            lines = _renewing(iter(src), lambda: store.renew_validation(batch.id, owner))
+            errors, tokens, inputs = validate(lines, batch.endpoint)
+    except LeaseLost as exc:
+        log.info("batch %s: validation given up: %s", batch.id, exc)
+        return
+    except (OSError, NotFound) as exc:
+        log.warning("batch %s: its input file cannot be read: %s", batch.id, exc)
+        errors, tokens, inputs = [_unreadable(batch.input_file_id, exc)], 0, 0
     try:
         if errors:
             store.fail_batch(batch.id, errors)
             log.info("batch %s failed validation: %s", batch.id, errors[0].message)
             return
+        store.renew_validation(batch.id, owner)  # cutting a large file into chunks reads it
         chunks = store.plan_chunks(batch.input_file_id, CHUNK_LINES)
-        lines = chunks[-1].end_line if chunks else 0
-        size = chunk_lines(lines, inputs)
+        lines_total = chunks[-1].end_line if chunks else 0
+        size = chunk_lines(lines_total, inputs)
         if size < CHUNK_LINES:  # a small file, or lines of many inputs: a second pass
             chunks = store.plan_chunks(batch.input_file_id, size)
         store.start_batch(batch.id, chunks, tokens_total=tokens)
     except Exception as exc:  # cancelled meanwhile, or another validator won: theirs now
         log.info("batch %s: not started: %s", batch.id, exc)
+
+
+def _renewing(lines: Iterator[bytes], renew: Callable[[], None]) -> Iterator[bytes]:
+    """``lines``, calling ``renew`` every RENEW_S seconds while they are read."""
+    due = time.monotonic() + RENEW_S
+    for n, line in enumerate(lines):
+        if n % 1024 == 0 and time.monotonic() >= due:
+            renew()
+            due = time.monotonic() + RENEW_S
+        yield line
+
+
+def _unreadable(file_id: str, exc: BaseException) -> BatchError:
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return BatchError(
+        "input_file_unreadable",
+        f"the input file {file_id} cannot be read ({why}); upload it again and create a new batch",
+    )
 
 
 def attach(app: web.Application, cfg: JobsConfig | None) -> None:

@@ -37,6 +37,7 @@ from mesh.jobs.store import (
     ChunkSpan,
     Conflict,
     Lease,
+    LeaseLost,
     NotFound,
     Page,
 )
@@ -260,6 +261,20 @@ class SqlStore:
                 (owner, now + lease_s, row[0]),
             )
             return self._batch(tx, row[0])
+
+    def renew_validation(
+        self, batch_id: str, owner: str, *, lease_s: float = DEFAULT_LEASE_S
+    ) -> None:
+        """Extend ``owner``'s lease on a batch it validates (a large file takes a while);
+        LeaseLost when another process took it over or the batch is not validating any more
+        (cancelled, expired)."""
+        with self._tx() as tx:
+            changed = tx.q(
+                "UPDATE batches SET lease_expires_at = ? WHERE id = ? AND owner = ? AND status = ?",
+                (self.clock() + lease_s, batch_id, owner, BatchStatus.VALIDATING),
+            ).rowcount
+        if changed != 1:
+            raise LeaseLost(f"batch {batch_id!r} is no longer validated by {owner!r}")
 
     def lock_of(self, table: str) -> str:
         """What makes a SELECT lock the rows of ``table`` it returns until the commit."""

@@ -190,3 +190,60 @@ async def test_a_chunk_the_mesh_could_not_take_goes_back_unspent_and_claims_paus
         await runner._chunk(store, lease)
     assert store.get_batch(batch.id).request_counts.failed == 2  # its 2 attempts spent
     store.close()
+
+
+def _validating(tmp_path, lines: int = 3):  # noqa: ANN202
+    from mesh.jobs import open_store
+
+    store = open_store(tmp_path / "state")
+    data = b"".join(line(f"c{i}") for i in range(lines))
+    made = store.create_file(data, filename="in.jsonl", purpose="batch")
+    batch = store.create_batch(input_file_id=made.id, endpoint="/v1/embeddings")
+    claimed = store.claim_validation("me")
+    assert claimed is not None and claimed.id == batch.id
+    return store, batch
+
+
+def test_a_batch_whose_input_cannot_be_read_fails_at_once_with_the_reason(tmp_path) -> None:
+    from mesh.ingress.batch_runner import _validate
+
+    store, batch = _validating(tmp_path)
+    store.blobs.path(f"files/{batch.input_file_id}").unlink()  # the shared volume lost it
+    _validate(store, batch, "me")
+    failed = store.get_batch(batch.id)
+    assert failed.status == "failed", failed.status
+    [error] = failed.errors
+    assert error.code == "input_file_unreadable" and batch.input_file_id in error.message
+    assert "upload it again" in error.message
+    assert store.claim_validation("me") is None  # not retried until its window ends
+    store.close()
+
+
+def test_a_long_validation_renews_its_lease_and_stops_when_it_is_lost(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mesh.ingress import batch_runner
+    from mesh.jobs import LeaseLost
+
+    store, batch = _validating(tmp_path, lines=5)
+    renewed: list[str] = []
+    real = store.renew_validation
+
+    def renew(batch_id: str, owner: str, **kw: float) -> None:
+        renewed.append(owner)
+        real(batch_id, owner, **kw)
+
+    monkeypatch.setattr(store, "renew_validation", renew)
+    monkeypatch.setattr(batch_runner, "RENEW_S", 0.0)  # every check is due
+    batch_runner._validate(store, batch, "me")
+    assert renewed and set(renewed) == {"me"}
+    assert store.get_batch(batch.id).status == "in_progress"
+
+    # Another validator took it over: this one gives up, and neither fails nor starts it.
+    store2, other = _validating(tmp_path / "b")
+    monkeypatch.setattr(store2, "renew_validation", lambda *a, **k: (_ for _ in ()).throw(
+        LeaseLost("taken over")))  # fmt: skip
+    batch_runner._validate(store2, other, "me")
+    assert store2.get_batch(other.id).status == "validating"
+    store.close()
+    store2.close()

@@ -119,6 +119,30 @@ def test_a_validating_batch_is_claimed_by_one_validator_until_its_lease_expires(
     second.close()
 
 
+def test_a_validator_renews_its_lease_and_loses_it_to_a_takeover_or_a_cancel(
+    target, clock: FakeClock
+) -> None:
+    first, second = target.open(clock=clock), target.open(clock=clock)
+    upload = first.create_file(jsonl(2), filename="in.jsonl", purpose="batch")
+    batch = first.create_batch(input_file_id=upload.id, endpoint="/v1/embeddings")
+    assert first.claim_validation("a", lease_s=10).id == batch.id  # type: ignore[union-attr]
+    for _ in range(3):  # 24 s of a large file's validation, renewed every 8 s: still its own
+        clock.advance(8)
+        first.renew_validation(batch.id, "a", lease_s=10)
+        assert second.claim_validation("b", lease_s=10) is None
+    with pytest.raises(LeaseLost):
+        second.renew_validation(batch.id, "b")  # never its own
+    clock.advance(10)  # not renewed: the lease runs out, another validator takes it
+    assert second.claim_validation("b", lease_s=10).id == batch.id  # type: ignore[union-attr]
+    with pytest.raises(LeaseLost):
+        first.renew_validation(batch.id, "a")
+    second.cancel_batch(batch.id)
+    with pytest.raises(LeaseLost):  # cancelled while it validates: it stops
+        second.renew_validation(batch.id, "b")
+    first.close()
+    second.close()
+
+
 def test_cancel_without_live_leases_ends_cancelled_at_once(store: JobStore) -> None:
     batch_id = start_batch(store, 4, chunk_lines=2)
     cancelled = store.cancel_batch(batch_id)
