@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from mesh.worker.engine.engine import GRAPH_MAX_TOKENS, Engine, default_max_batch_tokens
+from mesh.worker.engine.runner import EngineEntry
 
 log = logging.getLogger("embedmesh.worker")
 
@@ -129,7 +130,7 @@ def measure_curve(
         # size's first allocations); on CUDA each size has its own graph to capture and replay.
         warm = not curve or engine.device.type == "cuda"
         try:
-            seconds = _time_batch(engine, tokens, repeats, warm, clock)
+            seconds = time_batch(engine, tokens, engine.card.max_input_tokens, repeats, warm, clock)
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
             log.info("max batch tokens auto: %d tokens ran out of device memory", tokens)
@@ -142,12 +143,17 @@ def measure_curve(
     return curve
 
 
-def _time_batch(
-    engine: Engine, tokens: int, repeats: int, warm: bool, clock: Callable[[], float]
+def time_batch(
+    engine: EngineEntry,
+    tokens: int,
+    max_len: int,
+    repeats: int,
+    warm: bool,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> float:
-    """The fastest of ``repeats`` runs of one synthetic batch of ``tokens``, after a warm-up
-    run when ``warm``."""
-    ids, offsets = synthetic_batch(tokens, engine.card.max_input_tokens, engine.vocab_size)
+    """The fastest of ``repeats`` runs of one synthetic batch of ``tokens`` in sequences of at
+    most ``max_len`` tokens, after a warm-up run when ``warm``."""
+    ids, offsets = synthetic_batch(tokens, max_len, engine.vocab_size)
     cuda = engine.device.type == "cuda"
     engine.warmup([tokens])  # CUDA: its bucket's graph now, so the timed runs replay it
     fastest = float("inf")

@@ -22,6 +22,9 @@ class TimedEngine:
         self.first_s = first_s
         self.batches: list[tuple[np.ndarray, np.ndarray]] = []
 
+    def warmup(self, buckets: list[int], spans: bool = False) -> None:
+        pass
+
     def embed(self, ids: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
         extra = self.first_s if not self.batches else 0.0
         self.batches.append((ids, offsets))
