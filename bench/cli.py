@@ -48,6 +48,11 @@ HARNESSES: dict[str, tuple[str, str, str]] = {
         "main",
         "The engine alone, through MeshClient and sentence-transformers, per model (GPU).",
     ),
+    "attention": (
+        "bench.harness.attention",
+        "main",
+        "Attention backends alone at each family's shapes: checked, eager and in a graph (GPU).",
+    ),
     "models": (
         "bench.harness.family_models",
         "main",

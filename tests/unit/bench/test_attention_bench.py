@@ -1,0 +1,32 @@
+"""mesh-bench attention's pure parts: the workload, the family shapes, no CUDA no run."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.harness import attention
+
+
+def test_the_batch_fills_the_token_budget_with_lengths_the_family_takes() -> None:
+    lengths = attention._lengths(16384, 300, seed=1)
+    assert 16384 - 300 < sum(lengths) <= 16384
+    assert max(lengths) == 300 and min(lengths) >= 8
+    assert lengths == attention._lengths(16384, 300, seed=1)  # the same batch every run
+
+
+@pytest.mark.parametrize("name", list(attention.SHAPES))
+def test_each_family_s_layers_say_which_take_a_window(name: str) -> None:
+    shape = attention.SHAPES[name]
+    windows = shape.layer_windows()
+    assert len(windows) == shape.layers
+    if shape.window is None:
+        assert windows == [None] * shape.layers
+    else:  # local layers take it, and at least the last layer is global
+        assert windows[-1] is None and windows.count(shape.window) == len(shape.windowed) > 0
+
+
+def test_without_cuda_it_says_so_and_exits_2(tmp_path, capsys) -> None:
+    if attention.torch.cuda.is_available():
+        pytest.skip("a CUDA machine runs it for real")
+    assert attention.main(["--json", str(tmp_path / "out.json")]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
