@@ -135,13 +135,14 @@ def _factories(
     except ImportError:
         pass
     else:
-        out["flex"] = lambda cap: flex_attention.FlexAttention(capacity=cap)
+        windows = tuple(dict.fromkeys(shape.layer_windows()))
+        out["flex"] = lambda cap: flex_attention.FlexAttention(device, windows, capacity=cap)
     try:
         from mesh.worker.engine.kernels import triton_attention
     except ImportError:
         pass
     else:
-        out["triton"] = lambda cap: triton_attention.TritonVarlen(capacity=cap)
+        out["triton"] = lambda cap: triton_attention.TritonVarlen(heads, device, capacity=cap)
     return out
 
 
