@@ -188,6 +188,11 @@ def _time_ms(fn: Callable[[], object], warmup: int, repeats: int) -> float:
         fn()
     times = []
     for _ in range(repeats):
+        if not torch.cuda.is_available():  # --device cpu: a check that every step runs
+            started = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - started) * 1000)
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -232,6 +237,9 @@ def measure(
         result.error = f"{type(exc).__name__}: {exc}"
         result.notes.append(traceback.format_exc(limit=4)[-1500:])
         return result
+    if cu.device.type == "cpu" and not cu.is_pinned():
+        result.notes.append("graph: not on a CPU")
+        return result
     try:
         _graph(result, shape, make, cu, qkv, bias, args)
     except NotImplementedError as exc:
@@ -261,11 +269,13 @@ def _graph(
 
 
 def run_shape(shape: Shape, backends: list[str] | None, args: argparse.Namespace) -> list[Result]:
-    device, dtype = torch.device("cuda"), torch.bfloat16
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     lengths = _lengths(args.tokens, shape.max_len, args.seed)
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(np.cumsum(lengths), dtype=torch.int32)
-    cu = cu.pin_memory()  # as the runner plans: host offsets, pinned
+    if device.type == "cuda":
+        cu = cu.pin_memory()  # as the runner plans: host offsets, pinned
     hq, hkv, d = shape.heads
     total = int(cu[-1])
     gen = torch.Generator(device=device).manual_seed(args.seed)
@@ -318,9 +328,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--min-cos", type=float, default=0.999)
     parser.add_argument("--seed", type=int, default=20261205)
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        help="cpu: check that every step runs (fp32, no graphs; timings mean nothing)",
+    )
     args = parser.parse_args(argv)  # fmt: skip
-    if not torch.cuda.is_available():
-        print("mesh-bench attention needs a CUDA device", file=sys.stderr)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            "mesh-bench attention needs a CUDA device (--device cpu to check it)", file=sys.stderr
+        )
         return 2
     backends = [b for b in args.backends.split(",") if b] or None
     results: list[Result] = []
@@ -328,9 +345,10 @@ def main(argv: list[str] | None = None) -> int:
         if name not in SHAPES:
             parser.error(f"unknown family {name!r}: one of {', '.join(SHAPES)}")
         results += run_shape(SHAPES[name], backends, args)
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     doc = {
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "torch": torch.__version__,
         "tokens": args.tokens,
         "results": [asdict(r) for r in results],

@@ -30,3 +30,18 @@ def test_without_cuda_it_says_so_and_exits_2(tmp_path, capsys) -> None:
         pytest.skip("a CUDA machine runs it for real")
     assert attention.main(["--json", str(tmp_path / "out.json")]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_on_a_cpu_it_checks_every_step_and_reports_each_backend(tmp_path) -> None:
+    import json
+
+    out = tmp_path / "out.json"
+    argv = ["--json", str(out), "--device", "cpu", "--families", "mpnet-base",
+            "--backends", "sdpa-grouped,flashinfer", "--tokens", "300", "--repeats", "1",
+            "--warmup", "0"]  # fmt: skip
+    assert attention.main(argv) == 0
+    results = {r["backend"]: r for r in json.loads(out.read_text())["results"]}
+    grouped = results["sdpa-grouped"]
+    assert grouped["error"] is None and grouped["min_cos"] > 0.9999 and grouped["eager_ms"] > 0
+    assert grouped["attention_gflop"] > 0
+    assert results["flashinfer"]["error"]  # no FlashInfer here (or no bias there): said, not fatal
