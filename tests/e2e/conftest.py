@@ -89,6 +89,9 @@ class Ingress:
         try:
             return self.proc.wait(15)
         except subprocess.TimeoutExpired:
+            # Every thread's stack into its log (faulthandler on SIGUSR1), for the failure.
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
             self.proc.kill()
             self.proc.wait()
             return -9
