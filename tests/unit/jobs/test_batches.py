@@ -103,13 +103,19 @@ def test_batches_list_newest_first_and_page_with_after(store: JobStore, clock: F
         store.get_batch("batch_missing")
 
 
-def test_a_validating_batch_is_claimed_by_one_validator_until_its_lease_expires(
-    target, clock: FakeClock
-) -> None:
+def _validated_by_a(target, clock: FakeClock):  # noqa: ANN001, ANN202
+    """Two stores on one target; a batch whose validation store ``first`` claimed as "a"."""
     first, second = target.open(clock=clock), target.open(clock=clock)
     upload = first.create_file(jsonl(2), filename="in.jsonl", purpose="batch")
     batch = first.create_batch(input_file_id=upload.id, endpoint="/v1/embeddings")
     assert first.claim_validation("a", lease_s=10).id == batch.id  # type: ignore[union-attr]
+    return first, second, upload, batch
+
+
+def test_a_validating_batch_is_claimed_by_one_validator_until_its_lease_expires(
+    target, clock: FakeClock
+) -> None:
+    first, second, upload, batch = _validated_by_a(target, clock)
     assert second.claim_validation("b", lease_s=10) is None
     clock.advance(10)
     assert second.claim_validation("b", lease_s=10).id == batch.id  # type: ignore[union-attr]
@@ -122,10 +128,7 @@ def test_a_validating_batch_is_claimed_by_one_validator_until_its_lease_expires(
 def test_a_validator_renews_its_lease_and_loses_it_to_a_takeover_or_a_cancel(
     target, clock: FakeClock
 ) -> None:
-    first, second = target.open(clock=clock), target.open(clock=clock)
-    upload = first.create_file(jsonl(2), filename="in.jsonl", purpose="batch")
-    batch = first.create_batch(input_file_id=upload.id, endpoint="/v1/embeddings")
-    assert first.claim_validation("a", lease_s=10).id == batch.id  # type: ignore[union-attr]
+    first, second, upload, batch = _validated_by_a(target, clock)
     for _ in range(3):  # 24 s of a large file's validation, renewed every 8 s: still its own
         clock.advance(8)
         first.renew_validation(batch.id, "a", lease_s=10)
