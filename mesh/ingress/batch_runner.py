@@ -200,9 +200,11 @@ def _sweep(store: JobStore) -> list[Batch]:
 
 def _validate(store: JobStore, batch: Batch, owner: str) -> None:
     """Check the input file; start the batch on it, or fail it with the errors. The
-    validation lease is renewed while it reads (a 200 MB file takes a while); a file that
-    cannot be read (deleted, its blob gone) fails the batch at once, where retrying would
-    only fail again until the batch's window ends."""
+    validation lease is renewed while it reads (a 200 MB file takes a while); an input file
+    that is gone (deleted, its blob missing) fails the batch at once, where retrying would
+    only fail again until the batch's window ends. Any other error reading it (a full file
+    table, a shared volume's hiccup) goes up: the lease lapses and validation is tried
+    again."""
     try:
         with store.open_file(batch.input_file_id) as src:
             lines = _renewing(iter(src), lambda: store.renew_validation(batch.id, owner))
@@ -210,11 +212,12 @@ def _validate(store: JobStore, batch: Batch, owner: str) -> None:
     except LeaseLost as exc:
         log.info("batch %s: validation given up: %s", batch.id, exc)
         return
-    except (OSError, NotFound) as exc:
-        log.warning("batch %s: its input file cannot be read: %s", batch.id, exc)
+    except (FileNotFoundError, NotFound) as exc:
+        log.warning("batch %s: its input file is gone: %s", batch.id, exc)
         errors, tokens, inputs = [_unreadable(batch.input_file_id, exc)], 0, 0
     try:
         if errors:
+            store.renew_validation(batch.id, owner)  # still this process's to fail
             store.fail_batch(batch.id, errors)
             log.info("batch %s failed validation: %s", batch.id, errors[0].message)
             return

@@ -219,6 +219,25 @@ def test_a_batch_whose_input_cannot_be_read_fails_at_once_with_the_reason(tmp_pa
     store.close()
 
 
+def test_a_transient_error_reading_the_input_leaves_the_batch_to_be_validated_again(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from mesh.ingress.batch_runner import _validate
+
+    store, batch = _validating(tmp_path)
+
+    def busy(_file_id: str) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(store, "open_file", busy)
+    with pytest.raises(OSError):  # up to the runner's retry; the lease lapses
+        _validate(store, batch, "me")
+    assert store.get_batch(batch.id).status == "validating"
+    store.close()
+
+
 def test_a_long_validation_renews_its_lease_and_stops_when_it_is_lost(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
