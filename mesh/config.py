@@ -46,8 +46,8 @@ LIVE_BULK_MS = 100.0
 # (13 ms each on 2 cores) go first; at 100 ms, bulk kept 0.79-0.83 of its rate at 5 queries a
 # second. On a GPU the live lane (or the live window's cap) does this. 0 turns it off; 50..300.
 CPU_BULK_MS = 150.0
-# Batches of at least this many tokens (or half the worker's budget, if smaller) teach
-# the broker a worker's rate: small ones are all fixed cost and would make it look slow.
+# Batches of at least this many tokens (or half the worker's budget, if smaller) may lower
+# the broker's rate of a worker: small ones are all fixed cost and would make it look slow.
 RATE_MIN_BATCH_TOKENS = 1024
 # A model whose last worker left is forgotten by the broker after this long: requests for it then
 # get MODEL_NOT_FOUND instead of UNAVAILABLE. As the ingress's FORGET_UNSERVED_AFTER_S; 60..3600.

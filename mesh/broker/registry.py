@@ -29,9 +29,8 @@ class WorkerState:
     live_tokens: int = 0  # the largest batch its live lane runs
     batches_done: int = 0  # results it returned (mesh.broker.stats counts them)
     tokens_done: int = 0
-    # The rate is the worker's own measure from READY, not yet learned from its batches. The
-    # first batch that teaches keeps the higher of the two: a disturbance only ever makes a
-    # measure slow (the sweep beside a busy start, the first batch run cold).
+    # The rate is the worker's own measure from READY, not yet learned from its batches
+    # (note_compute says how the first batch that teaches treats it).
     rate_announced: bool = False
 
     @property
@@ -39,18 +38,26 @@ class WorkerState:
         return self.device.startswith("cpu")
 
     def note_compute(self, tokens: int, compute_ms: float, bulk_tokens: int = 0) -> None:
-        """Learn the worker's rate from a batch's result (large batches only: see config)."""
+        """Learn the worker's rate from a batch's result (see the comments for which teach)."""
         # compute_ms comes from a peer: a NaN would stick in the average and a denormal make
         # the rate infinite, which bulk_cap cannot turn into tokens (every dispatch then fails).
         if not compute_ms > 0:
             return
-        # A CPU worker's bulk comes in batches its rate bounds (cpu_bulk_ms), under the token
-        # floor maybe: any with batch-lane work teaches, or a rate too low would keep them too
-        # small to correct it. Batches of n tokens measure n / (c + n / R) for a fixed cost c
-        # of a few ms on a CPU and a peak R, so rate and cap climb together to R x (bound - c):
-        # they settle, never shrink away. Otherwise a batch under half the budget (queries,
-        # mostly c) does not teach: its rate is far below what the queue drains at, and
-        # admission in time would refuse work the workers finish well within its deadline.
+        rate = tokens / (compute_ms / 1000)
+        if not math.isfinite(rate):
+            return
+        # A batch of n tokens measures n / (c + n / R) for a fixed cost c and a peak R: at
+        # most R, whatever its size. So any batch may raise a known rate (an announced rate
+        # measured beside a busy start would otherwise stay while only small batches came).
+        if self.rate > 0.0 and rate > self.rate:
+            self.rate = rate
+        # Lowering it takes a batch whose rate is near R. A CPU worker's bulk comes in batches
+        # its rate bounds (cpu_bulk_ms), under the token floor maybe: any with batch-lane work
+        # teaches, or a rate too low would keep them too small to correct it; rate and cap
+        # climb together to R x (bound - c): they settle, never shrink away. Otherwise a batch
+        # under RATE_MIN_BATCH_TOKENS or half the budget, whichever is less (queries, mostly
+        # c), does not: taken as the rate, it made admission in time refuse work the workers
+        # finish well within its deadline.
         bounded = self.on_cpu and bulk_tokens > 0
         if tokens < min(RATE_MIN_BATCH_TOKENS, self.max_batch_tokens // 2) and not bounded:
             return
@@ -58,10 +65,10 @@ class WorkerState:
         # budget fits its lane runs every batch there, and would never learn one.
         if tokens <= self.live_tokens < self.max_batch_tokens:
             return
-        rate = tokens / (compute_ms / 1000)
-        if not math.isfinite(rate):
-            return
-        # A moving average: one slow batch (a graph capture, a noisy neighbour) moves it a little.
+        # The announced rate is replaced by the first batch that teaches, unless higher: a
+        # disturbance only ever makes a measure slow (the sweep beside a busy start, the first
+        # batch run cold). Then a moving average: one slow batch (a graph capture, a noisy
+        # neighbour) moves it a little.
         if self.rate_announced:
             self.rate = max(self.rate, rate)
         elif self.rate == 0.0:

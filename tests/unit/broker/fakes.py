@@ -131,6 +131,12 @@ def answer(batch: BatchAssign) -> BatchResult:
     return BatchResult(batch_id=batch.batch_id, compute_ms=1.0, embeddings=embeddings)
 
 
+def slow_answer(batch: BatchAssign, compute_ms: float = 50.0) -> BatchResult:
+    """``answer`` with a compute time a real worker gives a query (its fixed cost): any
+    batch's rate may raise the broker's, and 1 ms would claim thousands of tokens a second."""
+    return dataclasses.replace(answer(batch), compute_ms=compute_ms)
+
+
 class Harness:
     """A Broker on fake sockets; ``pump`` runs what the loop does for the queued messages."""
 
@@ -167,5 +173,5 @@ class Harness:
         self.submit(submit(cid, [4], lane=0, token=7))
         [(identity, live)] = self.back.take(BatchAssign)
         assert set(live.token_ids.tolist()) == {7}
-        self.back.push(identity, answer(live))
+        self.back.push(identity, slow_answer(live))
         self.pump()

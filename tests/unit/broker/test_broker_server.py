@@ -21,7 +21,7 @@ from proto_msgs import (
     RequestError,
     RequestResult,
 )
-from tests.unit.broker.fakes import INGRESS, Harness, answer, card, ready, submit
+from tests.unit.broker.fakes import INGRESS, Harness, answer, card, ready, slow_answer, submit
 
 
 def test_a_live_query_waits_behind_one_held_batch_not_two():
@@ -37,7 +37,7 @@ def test_a_live_query_waits_behind_one_held_batch_not_two():
     # The freed credit carries the query alone: the worker already holds a batch of bulk.
     [(_, live)] = h.back.take(BatchAssign)
     assert live.n == 1 and set(live.token_ids.tolist()) == {7}
-    h.back.push(b"w1", answer(live))
+    h.back.push(b"w1", slow_answer(live))
     h.pump()
     # Live traffic was just seen and the worker still holds a batch of bulk: the credit waits.
     assert h.back.take(BatchAssign) == []
@@ -128,7 +128,7 @@ def test_while_live_a_slow_worker_holds_only_live_bulk_ms_of_bulk():
     h.pump()
     [(_, live)] = h.back.take(BatchAssign)  # the query alone: a full batch is still held
     assert live.n == 1 and set(live.token_ids.tolist()) == {7}
-    h.back.push(b"w1", answer(live))
+    h.back.push(b"w1", slow_answer(live))
     slow = answer(third)
     slow.compute_ms = 1000.0
     h.back.push(b"w1", slow)

@@ -145,3 +145,23 @@ def test_a_cold_first_batch_or_a_few_queries_do_not_sink_the_rate_admission_runs
     # Later batches teach as any batch does: a slower one moves the rate a fifth of the way.
     worker.note_compute(256, 256.0)
     assert worker.rate == pytest.approx(0.8 * 2900 + 0.2 * 1000)
+
+
+def test_any_batch_raises_a_known_rate_but_only_large_ones_set_or_lower_it():
+    # Announced beside a busy start at 1,000 tok/s; the worker does 3,000 and gets only
+    # 600-token batches (under the 1,024 a batch needs to teach): a batch's rate is at most
+    # the worker's peak, so they raise it, and a long request is not refused as too long.
+    registry = Registry()
+    announced = fakes.ready(fakes.card("m"), max_batch_tokens=2048)
+    announced.tokens_per_s = 1000.0
+    worker = registry.add(b"a", announced, now=0.0, liveness=3)
+    worker.note_compute(600, 200.0)
+    assert worker.rate == pytest.approx(3000.0)
+    queue = Queue(BIG)
+    lone = Request((b"i", 3), "m", Lane.BATCH, [500] * 100, 30.0, 0.0)
+    queue.submit(lone, 0.0, registry.drain_rate("m"))  # 50k tokens: 17 s at 3,000, not 50
+    worker.note_compute(600, 400.0)  # a slower small batch does not lower it
+    assert worker.rate == pytest.approx(3000.0)
+    unknown = registry.add(b"b", fakes.ready(fakes.card("n"), max_batch_tokens=2048), 0.0, 3)
+    unknown.note_compute(72, 500.0)  # queries alone never make a rate up
+    assert unknown.rate == 0.0
