@@ -84,6 +84,7 @@ class Result:
     sequences: int
     attention_gflop: float = 0.0  # QK^T and PV over every full l x l, all layers
     min_cos: float | None = None
+    graph_min_cos: float | None = None
     eager_ms: float | None = None
     plan_ms: float | None = None
     graph_ms: float | None = None
@@ -179,8 +180,16 @@ def _layers(
 
 
 def _min_cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The lowest cosine over rows; NaN when any row is NaN (a NaN never passes a check)."""
     a, b = a.float().flatten(1), b.float().flatten(1)
-    return float(torch.nn.functional.cosine_similarity(a, b, dim=1).min())
+    cos = torch.nn.functional.cosine_similarity(a, b, dim=1)
+    return math.nan if bool(cos.isnan().any()) else float(cos.min())
+
+
+def _check(outs: list[torch.Tensor], reference: list[torch.Tensor], probe: list[int]) -> float:
+    """The lowest cosine of the ``probe`` layers' outputs against the reference's."""
+    values = [_min_cos(outs[i][: reference[i].shape[0]], reference[i]) for i in probe]
+    return math.nan if any(math.isnan(v) for v in values) else min(values)
 
 
 def _time_ms(fn: Callable[[], object], warmup: int, repeats: int) -> float:
@@ -221,10 +230,9 @@ def measure(
             result.error = why
             return result
         backend.plan(cu, causal=False)
-        probe = [i for i in (shape.windowed[:1] if shape.windowed else ()) + (shape.layers - 1,)]
         outs = _layers(backend, shape, qkv, bias)
-        result.min_cos = min(_min_cos(outs[i], reference[i]) for i in probe)
-        if result.min_cos < args.min_cos:
+        result.min_cos = _check(outs, reference, _probe(shape))
+        if not result.min_cos >= args.min_cos:  # NaN too
             result.error = f"wrong: min cos {result.min_cos:.5f} < {args.min_cos}"
             return result
 
@@ -241,7 +249,7 @@ def measure(
         result.notes.append("graph: not on a CPU")
         return result
     try:
-        _graph(result, shape, make, cu, qkv, bias, args)
+        _graph(result, shape, make, cu, qkv, bias, reference, args)
     except NotImplementedError as exc:
         result.notes.append(f"graph: {exc}")
     except Exception as exc:
@@ -249,10 +257,17 @@ def measure(
     return result
 
 
+def _probe(shape: Shape) -> list[int]:
+    """The layers checked: the first windowed one (if any) and the last."""
+    return [*shape.windowed[:1], shape.layers - 1]
+
+
 def _graph(
     result: Result, shape: Shape, make: Callable[[tuple[int, int] | None], AttentionBackend],
-    cu: torch.Tensor, qkv: list, bias: torch.Tensor | None, args: argparse.Namespace,
+    cu: torch.Tensor, qkv: list, bias: torch.Tensor | None, reference: list[torch.Tensor],
+    args: argparse.Namespace,
 ) -> None:  # fmt: skip
+    """Capture the layers' runs once, replay, check the replay's outputs, then time."""
     seqs, rows = len(cu) - 1, int(cu[-1])
     backend = make((seqs + 8, rows))
     backend.plan(cu, causal=False)
@@ -263,7 +278,14 @@ def _graph(
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        _layers(backend, shape, qkv, bias)
+        outs = _layers(backend, shape, qkv, bias)
+    backend.plan(cu, causal=False)  # as a replay follows its batch's plan
+    graph.replay()
+    torch.cuda.synchronize()
+    result.graph_min_cos = _check(outs, reference, _probe(shape))
+    if not result.graph_min_cos >= args.min_cos:
+        result.notes.append(f"graph wrong: min cos {result.graph_min_cos:.5f}; not timed")
+        return
     result.plan_ms = _time_ms(lambda: backend.plan(cu, causal=False), args.warmup, args.repeats)
     result.graph_ms = _time_ms(graph.replay, args.warmup, args.repeats)
 
@@ -304,8 +326,8 @@ def _row(r: Result) -> str:
         return f"{x:9.2f}" if x is not None else "        -"
 
     cos = f"{r.min_cos:.5f}" if r.min_cos is not None else "      -"
-    best = min((t for t in (r.eager_ms, r.graph_ms) if t is not None), default=None)
-    tflops = f"{r.attention_gflop / best:7.1f}" if best else "      -"
+    # From the eager time (plan and every layer), which every backend has.
+    tflops = f"{r.attention_gflop / r.eager_ms:7.1f}" if r.eager_ms else "      -"
     tail = f"  {r.error}" if r.error else ""
     return (f"{r.shape:20} {r.backend:20} {r.tokens:6d} tok {r.sequences:4d} seq  cos {cos}  "
             f"eager {ms(r.eager_ms)} ms  plan {ms(r.plan_ms)}  graph {ms(r.graph_ms)} ms  "
@@ -351,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "torch": torch.__version__,
         "tokens": args.tokens,
-        "results": [asdict(r) for r in results],
+        "results": [_no_nan(asdict(r)) for r in results],
     }
     with open(args.json, "w") as f:
         json.dump(
@@ -361,6 +383,11 @@ def main(argv: list[str] | None = None) -> int:
             default=lambda x: None if isinstance(x, float) and math.isnan(x) else x,
         )
     return 0
+
+
+def _no_nan(row: dict[str, Any]) -> dict[str, Any]:
+    """NaN as null: the file stays strict JSON."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
 
 
 if __name__ == "__main__":

@@ -45,3 +45,18 @@ def test_on_a_cpu_it_checks_every_step_and_reports_each_backend(tmp_path) -> Non
     assert grouped["error"] is None and grouped["min_cos"] > 0.9999 and grouped["eager_ms"] > 0
     assert grouped["attention_gflop"] > 0
     assert results["flashinfer"]["error"]  # no FlashInfer here (or no bias there): said, not fatal
+
+
+def test_a_backend_whose_output_holds_a_nan_fails_the_check() -> None:
+    import math
+
+    import torch
+
+    reference = [torch.ones(4, 2, 8)]
+    bad = reference[0].clone()
+    bad[2, 1, 3] = math.nan
+    assert math.isnan(attention._check([bad], reference, [0]))
+    assert attention._check([reference[0].clone()], reference, [0]) > 0.9999
+    # Padded capacity rows past the batch's are not compared.
+    padded = torch.cat([reference[0], torch.full((3, 2, 8), math.nan)])
+    assert attention._check([padded], reference, [0]) > 0.9999
