@@ -10,13 +10,13 @@ content of a file (an output file may be GBs) streams back the same way.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import BinaryIO, cast
 
 from aiohttp import BodyPartReader, web
 
 from mesh.ingress.batch_store import (
     Jobs,
-    UploadRoom,
     invalid,
     jobs_of,
     page_args,
@@ -25,12 +25,15 @@ from mesh.ingress.batch_store import (
 )
 from mesh.ingress.http_errors import ApiError
 from mesh.ingress.state import json_response
-from mesh.jobs import FilePurpose, Page, TooLarge
+from mesh.ingress.uploads import BLOCK, PartStream, Quota, StorageFull, write_on_thread
+from mesh.jobs import FileObject, FilePurpose, Page, TooLarge
 
-BLOCK = 1 << 20
 INSUFFICIENT_STORAGE = 507
 # The upload route: its body only has to keep arriving (mesh.ingress.server's body timeout).
 UPLOAD_PATH = "/v1/files"
+UPLOAD_RETRY_S = 5  # Retry-After when every upload thread is busy
+
+log = logging.getLogger("embedmesh.batches")
 
 
 def add_routes(app: web.Application) -> None:
@@ -41,59 +44,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_delete("/v1/files/{file_id}", _delete)
 
 
-class StorageFull(Exception):
-    """The upload would take the state past ``--max-state-bytes``."""
-
-
-class _PartStream:
-    """A multipart part read as a blocking file by the store's thread: each ``read`` waits
-    for the event loop to receive the next block. With ``quota``, each block is counted in
-    the process's UploadRoom, and one past the room raises StorageFull (the store then drops
-    what it wrote)."""
-
-    def __init__(
-        self,
-        part: BodyPartReader,
-        loop: asyncio.AbstractEventLoop,
-        quota: _Quota | None = None,
-    ) -> None:
-        self.part = part
-        self.loop = loop
-        self.quota = quota
-        self.size = 0
-
-    def read(self, size: int = BLOCK) -> bytes:
-        future = asyncio.run_coroutine_threadsafe(self.part.read_chunk(size), self.loop)
-        block = future.result()
-        self.size += len(block)
-        if self.quota is not None:
-            self.quota.take(len(block))
-        return block
-
-
-class _Quota:
-    """One upload's share of ``--max-state-bytes``: the room left when it started (what the
-    store held then) less what this process's uploads wrote since."""
-
-    def __init__(self, room: UploadRoom, limit: int, used_at_start: int, mark: int) -> None:
-        self.room = room
-        self.limit = limit
-        self.used_at_start = used_at_start
-        self.mark = mark  # room.written before the store was asked: nothing falls between
-        self.taken = 0
-
-    def take(self, n: int) -> None:
-        self.room.add(n)
-        self.taken += n
-        if self.used_at_start + self.room.used_since(self.mark) > self.limit:
-            self.end(False)  # its room goes back now, before the other uploads' next blocks
-            raise StorageFull
-
-    def end(self, stored: bool) -> None:
-        self.room.end(self.taken, stored)
-        self.taken = 0
-
-
 async def _upload(request: web.Request) -> web.Response:
     jobs = jobs_of(request)
     if not request.content_type.startswith("multipart/"):
@@ -101,27 +51,50 @@ async def _upload(request: web.Request) -> web.Response:
     reader = await request.multipart()
     purpose: str | None = None
     made = None
-    async for part in reader:
-        if not isinstance(part, BodyPartReader):
-            continue
-        if part.name == "purpose":
-            purpose = (await part.text()).strip()
-            if made is None:
-                _check_purpose(purpose)  # before the file: refused before it is stored
-        elif part.name == "file" and made is None:
-            made = await _store_part(jobs, part, part.filename or "upload.jsonl")
-        else:
-            await part.release()
-    if made is None:
-        raise invalid("the form has no 'file' part", "file")
     try:
+        async for part in reader:
+            if not isinstance(part, BodyPartReader):
+                continue
+            if part.name == "purpose":
+                purpose = (await part.text()).strip()
+                if made is None:
+                    _check_purpose(purpose)  # before the file: refused before it is stored
+            elif part.name == "file" and made is None:
+                made = await _store_part(jobs, part, part.filename or "upload.jsonl")
+            else:
+                await part.release()
+        if made is None:
+            raise invalid("the form has no 'file' part", "file")
         if purpose is None:
             raise invalid("the form has no 'purpose' field; it must be 'batch'", "purpose")
         _check_purpose(purpose)
-    except ApiError:
-        await jobs.call(lambda s: s.delete_file(made.id))
+    except ApiError:  # stored, but the form is wrong: its id reaches no one
+        if made is not None:
+            stored = made
+            await jobs.call(lambda s: s.delete_file(stored.id))
+        raise
+    except BaseException:  # a 408 on its tail, a client gone, a stop: the same, in the back
+        if made is not None:
+            _forget(jobs, made.id)
         raise
     return json_response(made.to_openai())
+
+
+_FORGETTING: set[asyncio.Task[None]] = set()
+
+
+def _forget(jobs: Jobs, file_id: str) -> None:
+    """Delete ``file_id`` in the background (the request may be being cancelled)."""
+
+    async def delete() -> None:
+        try:
+            await jobs.call(lambda s: s.delete_file(file_id))
+        except Exception:
+            log.warning("could not delete the unanswered upload %s", file_id, exc_info=True)
+
+    task = asyncio.get_running_loop().create_task(delete())
+    _FORGETTING.add(task)
+    task.add_done_callback(_FORGETTING.discard)
 
 
 def _check_purpose(purpose: str) -> None:
@@ -135,23 +108,27 @@ async def _store_part(jobs: Jobs, part: BodyPartReader, filename: str):  # noqa:
     if cfg.max_state_bytes:
         mark = jobs.room.written
         used = await jobs.call(lambda s: s.stored_bytes(), create=True)
-        quota = _Quota(jobs.room, cfg.max_state_bytes, used, mark)
-        if quota.used_at_start + jobs.room.used_since(quota.mark) >= cfg.max_state_bytes:
+        quota = Quota(jobs.room, cfg.max_state_bytes, used, mark)
+        if quota.full():
             raise _storage_full(cfg.max_state_bytes)
-    stream = _PartStream(part, asyncio.get_running_loop(), quota)
-    stored = False
-    try:
-        store = await jobs.store()
-        made = await jobs.upload(
-            lambda: store.create_file(
-                cast("BinaryIO", stream),
-                filename=filename,
-                purpose=FilePurpose.BATCH,
-                max_bytes=cfg.max_file_bytes,
-            )
+    store = await jobs.store()
+    if not jobs.room.claim_slot():  # every upload thread busy: refused now, not queued
+        raise ApiError(
+            503, f"{jobs.room.slots} uploads are in progress on this server process; retry "
+            "shortly", "server_error", "unavailable", retry_after_s=UPLOAD_RETRY_S,
+        )  # fmt: skip
+    stream = PartStream(part, asyncio.get_running_loop(), quota)
+
+    def write(source: PartStream) -> FileObject:
+        return store.create_file(
+            cast("BinaryIO", source),
+            filename=filename,
+            purpose=FilePurpose.BATCH,
+            max_bytes=cfg.max_file_bytes,
         )
-        stored = True
-        return made
+
+    try:
+        return await jobs.upload(write_on_thread(stream, jobs.room, write))
     except StorageFull:
         raise _storage_full(cfg.max_state_bytes) from None
     except TooLarge:
@@ -164,8 +141,7 @@ async def _store_part(jobs: Jobs, part: BodyPartReader, filename: str):  # noqa:
             raise store_unavailable(exc) from None
         raise
     finally:
-        if quota is not None:
-            quota.end(stored)
+        stream.abort()  # a thread still waiting for a block stops waiting (a no-op after)
 
 
 def _storage_full(limit: int) -> ApiError:

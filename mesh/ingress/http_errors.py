@@ -168,7 +168,7 @@ def error_response(err: ApiError, family: str = OPENAI) -> web.Response:
     else:
         body = error_body(err)
     headers = {}
-    if status == 429:
+    if status == 429 or (status == 503 and err.retry_after_s is not None):
         headers["Retry-After"] = retry_after_header(err.retry_after_s)
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"

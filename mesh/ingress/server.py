@@ -13,8 +13,9 @@ The drain, on ``stop`` (SIGTERM or SIGINT):
    client closes.
 
 Every request body must also arrive within ``body_timeout_s`` of its headers, else 408; a file
-upload (``POST /v1/files``, up to ``--max-batch-file-bytes``) only has to keep arriving: 408
-after ``body_timeout_s`` without a byte. The headers' own timeout, the idle timeout and the cap on open connections:
+upload (``POST /v1/files``, up to ``--max-batch-file-bytes``) only has to keep arriving, at
+UPLOAD_MIN_RATE at least over each ``body_timeout_s`` (periods in which the server had not read
+what came are not counted), else 408. The headers' own timeout, the idle timeout and the cap on open connections:
 ``mesh.ingress.connections``.
 """
 
@@ -50,6 +51,9 @@ CUT_S = 1.0
 # "Connection: close" instead of a reset. 0.2..2 is reasonable.
 IDLE_LINGER_S = 0.5
 DRAIN_POLL_S = 0.05
+# The slowest an upload may arrive, over each body_timeout_s: 16 KiB/s takes a 200 MiB file in
+# 3.6 h; a client trickling bytes to hold an upload thread is cut off. 4..256 KiB/s.
+UPLOAD_MIN_RATE = 16 * 1024
 # How often one of several processes writes its per-process gauges for scrapes that reach the
 # others; 0.5..5 s is reasonable (a scrape interval is 15 s or more).
 PUBLISH_INTERVAL_S = 1.0
@@ -170,8 +174,11 @@ class Gate:
             nonlocal expired, seen, timer
             if request.content.is_eof():
                 return
-            if upload and request.content.total_bytes > seen:  # still coming: more time
-                seen = request.content.total_bytes
+            got = request.content.total_bytes - seen
+            # Bytes received but not read yet: the server is the slow side, not the client.
+            waiting = getattr(request.content, "_size", 0) > 0
+            if upload and (waiting or got >= UPLOAD_MIN_RATE * self.body_timeout_s):
+                seen += got  # still coming: another period
                 timer = loop.call_later(self.body_timeout_s, expire)
                 return
             expired = True
@@ -194,7 +201,8 @@ class Gate:
         upload = request.method == "POST" and request.path == UPLOAD_PATH
         err = ApiError(
             408,
-            f"the upload sent nothing for {self.body_timeout_s:g}s"
+            f"the upload arrived slower than {UPLOAD_MIN_RATE // 1024} KiB/s over "
+            f"{self.body_timeout_s:g}s"
             if upload
             else f"the request body did not arrive within {self.body_timeout_s:g}s of its headers",
             code="request_timeout",

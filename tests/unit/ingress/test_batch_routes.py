@@ -121,6 +121,53 @@ async def test_uploads_at_once_share_the_state_limit_instead_of_each_taking_the_
     assert (await jobs_http.post("/v1/files", data=form(b"w" * 1000))).status == 200
 
 
+def _multipart(data: bytes, boundary: str, pieces: int = 1, gap_s: float = 0.0):  # noqa: ANN202
+    """A multipart upload of ``data`` in ``pieces``, ``gap_s`` apart (purpose first)."""
+
+    async def body() -> AsyncIterator[bytes]:
+        head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n"
+                f"batch\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
+                f"filename=\"in.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n")  # fmt: skip
+        yield head.encode()
+        step = -(-len(data) // pieces)
+        for i in range(0, len(data), step):
+            await asyncio.sleep(gap_s)
+            yield data[i : i + step]
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    return body(), {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+
+
+async def test_an_upload_past_the_upload_threads_is_refused_at_once_and_a_gone_one_frees_its_own(
+    jobs_http: TestClient,
+) -> None:
+    from mesh.ingress.batch_store import JOBS
+
+    jobs = jobs_http.server.app[JOBS]
+    jobs.room.slots = 1
+    data, headers = _multipart(b"a" * 3000, "slow", pieces=10, gap_s=0.1)
+    slow = asyncio.create_task(jobs_http.post("/v1/files", data=data, headers=headers))
+    while jobs.room.busy == 0:
+        await asyncio.sleep(0.01)
+    refused = await jobs_http.post("/v1/files", data=form(b"b" * 100))
+    assert refused.status == 503 and refused.headers["Retry-After"] == "5"
+    assert (await refused.json())["error"]["code"] == "unavailable"
+    assert (await slow).status == 200
+    # A client that goes away mid-upload: its thread stops waiting, its slot and bytes go back.
+    data, headers = _multipart(b"c" * 3000, "gone", pieces=30, gap_s=0.1)
+    gone = asyncio.create_task(jobs_http.post("/v1/files", data=data, headers=headers))
+    while jobs.room.writing == 0:
+        await asyncio.sleep(0.01)
+    gone.cancel()
+    for _ in range(100):
+        if jobs.room.busy == 0 and jobs.room.writing == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert (jobs.room.busy, jobs.room.writing) == (0, 0)
+    listed = await (await jobs_http.get("/v1/files")).json()
+    assert [f["bytes"] for f in listed["data"]] == [3000]  # the slow one only
+
+
 async def test_without_a_store_the_routes_answer_503() -> None:
     client = await serve(FakeClient())
     try:
