@@ -65,15 +65,13 @@ class WorkerState:
         # budget fits its lane runs every batch there, and would never learn one.
         if tokens <= self.live_tokens < self.max_batch_tokens:
             return
-        # The announced rate is replaced by the first batch that teaches, unless higher: a
+        # The first batch that teaches leaves an announced rate as raised above, never lower: a
         # disturbance only ever makes a measure slow (the sweep beside a busy start, the first
         # batch run cold). Then a moving average: one slow batch (a graph capture, a noisy
         # neighbour) moves it a little.
-        if self.rate_announced:
-            self.rate = max(self.rate, rate)
-        elif self.rate == 0.0:
+        if self.rate == 0.0:
             self.rate = rate
-        else:
+        elif not self.rate_announced:
             self.rate = 0.8 * self.rate + 0.2 * rate
         self.rate_announced = False
 
