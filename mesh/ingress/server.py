@@ -15,8 +15,8 @@ The drain, on ``stop`` (SIGTERM or SIGINT):
 Every request body must also arrive within ``body_timeout_s`` of its headers, else 408; a file
 upload (``POST /v1/files``, up to ``--max-batch-file-bytes``) only has to keep arriving, at
 UPLOAD_MIN_RATE at least over each ``body_timeout_s`` (periods in which the server had not read
-what came are not counted), else 408. The headers' own timeout, the idle timeout and the cap on open connections:
-``mesh.ingress.connections``.
+what came are not counted), else 408. The headers' own timeout, the idle timeout and the cap
+on open connections: ``mesh.ingress.connections``.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class Gate:
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
-        upload = request.method == "POST" and request.path == UPLOAD_PATH
+        upload = _is_upload(request)
         expired = False
         seen = request.content.total_bytes
         timer: asyncio.TimerHandle
@@ -198,7 +198,7 @@ class Gate:
     async def _timed_out(self, request: web.Request) -> web.StreamResponse:
         """408, written out before the connection closes: aiohttp would otherwise linger up
         to 10 s reading the rest of a body that is not coming."""
-        upload = request.method == "POST" and request.path == UPLOAD_PATH
+        upload = _is_upload(request)
         err = ApiError(
             408,
             f"the upload arrived slower than {UPLOAD_MIN_RATE // 1024} KiB/s over "
@@ -232,6 +232,11 @@ class Gate:
         response = error_response(err, route_family(request))
         response.force_close()
         return response
+
+
+def _is_upload(request: web.Request) -> bool:
+    """A file upload: its body only has to keep arriving (the module docstring)."""
+    return request.method == "POST" and request.path == UPLOAD_PATH
 
 
 async def _drain(runner: web.AppRunner, gate: Gate, grace_s: float) -> None:
