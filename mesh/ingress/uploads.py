@@ -14,17 +14,61 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
 from aiohttp import BodyPartReader
 
-from mesh.ingress.batch_store import UploadRoom
-
 T = TypeVar("T")
 
 BLOCK = 1 << 20
 WAIT_S = 1.0  # how often a waiting read checks that its request still runs
+
+
+class UploadRoom:
+    """This process's uploads: the bytes they are writing and those they finished writing, so
+    that uploads at once share ``--max-state-bytes`` instead of each taking the room it saw at
+    its start, and the upload threads they hold. The bound is exact within a process;
+    processes uploading at the same moment each count the others' files only once stored."""
+
+    def __init__(self, slots: int) -> None:
+        self._lock = threading.Lock()
+        self.slots = slots  # upload threads; an upload past them is refused, not queued
+        self.busy = 0
+        self.writing = 0  # bytes of uploads in progress
+        self.written = 0  # bytes of finished uploads, ever (a mark subtracts what it saw)
+
+    def claim_slot(self) -> bool:
+        with self._lock:
+            if self.busy >= self.slots:
+                return False
+            self.busy += 1
+            return True
+
+    def free_slot(self) -> None:
+        with self._lock:
+            self.busy -= 1
+
+    def used_since(self, mark: int) -> int:
+        """Bytes in flight plus those stored by this process since ``mark`` (``written``)."""
+        with self._lock:
+            return self.writing + self.written - mark
+
+    def take(self, n: int, limit: int, base: int, mark: int) -> bool:
+        """Count ``n`` more bytes in flight if ``base`` plus this process's bytes since
+        ``mark`` stay within ``limit``; False (nothing counted) if they would not."""
+        with self._lock:
+            if base + self.writing + self.written - mark + n > limit:
+                return False
+            self.writing += n
+            return True
+
+    def end(self, n: int, stored: bool) -> None:
+        with self._lock:
+            self.writing -= n
+            if stored:
+                self.written += n
 
 
 class StorageFull(Exception):
