@@ -104,11 +104,10 @@ def _lengths(tokens: int, max_len: int, seed: int) -> list[int]:
 
 def _bias(shape: Shape, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """MPNet's bias as its model builds it, from a random bucket table: ``[Hq, L, L]``."""
-    from mesh.worker.engine.models.mpnet import NUM_BUCKETS, relative_position_bucket
+    from mesh.worker.engine.models.mpnet import NUM_BUCKETS, position_bias
 
     table = torch.randn(NUM_BUCKETS, shape.heads[0], device=device, dtype=dtype)
-    i = torch.arange(shape.max_len, device=device)
-    return table[relative_position_bucket(i[None, :] - i[:, None])].permute(2, 0, 1).contiguous()
+    return position_bias(table, shape.max_len)
 
 
 def _factories(

@@ -46,6 +46,14 @@ def relative_position_bucket(relative: torch.Tensor) -> torch.Tensor:
     return ret + torch.where(is_small, n, large)
 
 
+def position_bias(table: torch.Tensor, longest: int) -> torch.Tensor:
+    """The bias every layer adds, ``[heads, longest, longest]``, from the bucket table
+    ``[buckets, heads]``: entry ``[h, i, j]`` is ``table[bucket(j - i), h]``."""
+    i = torch.arange(longest, device=table.device)
+    bucket = relative_position_bucket(i[None, :] - i[:, None])  # [i, j]
+    return table[bucket].permute(2, 0, 1).contiguous()
+
+
 class MPNetEncoder(XLMRobertaEncoder):
     family = "mpnet"
     position_bias = True
@@ -75,6 +83,4 @@ class MPNetEncoder(XLMRobertaEncoder):
             )
         table = w("encoder.relative_attention_bias.weight")
         longest = int(config["max_position_embeddings"]) - self.pad - 1
-        i = torch.arange(longest, device=table.device)
-        bucket = relative_position_bucket(i[None, :] - i[:, None])  # [i, j]
-        self.register_buffer("rel_bias", table[bucket].permute(2, 0, 1).contiguous())
+        self.register_buffer("rel_bias", position_bias(table, longest))
