@@ -89,38 +89,6 @@ async def test_uploads_over_a_limit_or_of_another_purpose_are_refused(
     assert full.status == 507 and (await full.json())["error"]["code"] == "storage_full"
 
 
-async def test_uploads_at_once_share_the_state_limit_instead_of_each_taking_the_room(
-    jobs_http: TestClient,
-) -> None:
-    # Three 4,000-byte uploads sent at once, slowly, into 10,000 bytes: each saw the whole room
-    # at its start; counted block by block, one of them is refused and the rest fit.
-    async def slow(data: bytes, boundary: str) -> AsyncIterator[bytes]:
-        head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n"
-                f"batch\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
-                f"filename=\"in.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n")  # fmt: skip
-        yield head.encode()
-        for i in range(0, len(data), 400):
-            await asyncio.sleep(0.01)
-            yield data[i : i + 400]
-        yield f"\r\n--{boundary}--\r\n".encode()
-
-    async def upload(n: int) -> aiohttp.ClientResponse:
-        boundary = f"b{n}x"
-        return await jobs_http.post(
-            "/v1/files",
-            data=slow(bytes([97 + n]) * 4000, boundary),
-            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
-        )
-
-    answers = await asyncio.gather(*(upload(n) for n in range(3)))
-    statuses = sorted(r.status for r in answers)
-    assert statuses == [200, 200, 507], statuses
-    listed = await (await jobs_http.get("/v1/files")).json()
-    assert sum(f["bytes"] for f in listed["data"]) == 8000
-    # What the refused upload had written is free again: a small file still fits.
-    assert (await jobs_http.post("/v1/files", data=form(b"w" * 1000))).status == 200
-
-
 def _multipart(data: bytes, boundary: str, pieces: int = 1, gap_s: float = 0.0):  # noqa: ANN202
     """A multipart upload of ``data`` in ``pieces``, ``gap_s`` apart (purpose first)."""
 
@@ -136,6 +104,24 @@ def _multipart(data: bytes, boundary: str, pieces: int = 1, gap_s: float = 0.0):
         yield f"\r\n--{boundary}--\r\n".encode()
 
     return body(), {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+
+
+async def test_uploads_at_once_share_the_state_limit_instead_of_each_taking_the_room(
+    jobs_http: TestClient,
+) -> None:
+    # Three 4,000-byte uploads sent at once, slowly, into 10,000 bytes: each saw the whole room
+    # at its start; counted block by block, one of them is refused and the rest fit.
+    async def upload(n: int) -> aiohttp.ClientResponse:
+        data, headers = _multipart(bytes([97 + n]) * 4000, f"b{n}x", pieces=10, gap_s=0.01)
+        return await jobs_http.post("/v1/files", data=data, headers=headers)
+
+    answers = await asyncio.gather(*(upload(n) for n in range(3)))
+    statuses = sorted(r.status for r in answers)
+    assert statuses == [200, 200, 507], statuses
+    listed = await (await jobs_http.get("/v1/files")).json()
+    assert sum(f["bytes"] for f in listed["data"]) == 8000
+    # What the refused upload had written is free again: a small file still fits.
+    assert (await jobs_http.post("/v1/files", data=form(b"w" * 1000))).status == 200
 
 
 async def test_an_upload_past_the_upload_threads_is_refused_at_once_and_a_gone_one_frees_its_own(
